@@ -1,0 +1,80 @@
+"""The spec hash moves with what decides resources and with nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stacks.models import LocalProvider, Proxy
+from stacks.spec_hash import proxy_spec_hash, stack_spec_hash
+
+
+def make(spec: dict[str, Any] | None = None, **metadata: Any) -> Proxy:
+    body = {"provider": "local", "port": 18081, "allowedSourceRanges": ["10.0.0.0/8"]} | (spec or {})
+    meta = {"name": "web-1", "namespace": "crawl"} | metadata
+    return Proxy.model_validate({"metadata": meta, "spec": body})
+
+
+def test_is_a_sha256_hex_digest() -> None:
+    digest = proxy_spec_hash(make())
+    assert len(digest) == 64
+    assert int(digest, 16) >= 0
+
+
+def test_key_order_does_not_matter() -> None:
+    forward = {
+        "provider": "local",
+        "port": 18081,
+        "auth": {"mode": "generated"},
+        "local": {"bindAddress": "::1"},
+    }
+    backward = dict(reversed(list(forward.items())))
+    assert list(backward) != list(forward)
+    assert proxy_spec_hash(make(forward)) == proxy_spec_hash(make(backward))
+
+
+def test_explicit_defaults_do_not_change_it() -> None:
+    explicit = {"protocol": "http", "auth": {"mode": "generated"}, "kvm": None}
+    assert proxy_spec_hash(make(explicit)) == proxy_spec_hash(make())
+
+
+def test_equivalent_cidr_spellings_hash_alike() -> None:
+    assert proxy_spec_hash(make({"allowedSourceRanges": ["10.9.9.9/8"]})) == proxy_spec_hash(make())
+
+
+def test_status_labels_annotations_and_pool_do_not_change_it() -> None:
+    base = proxy_spec_hash(make())
+    assert proxy_spec_hash(make(labels={"team": "search"}, annotations={"note": "x"}, generation=7)) == base
+    assert proxy_spec_hash(make({"pool": "eu"})) == base
+    with_status = make()
+    with_status.status.phase = "Ready"
+    with_status.status.observed_spec_hash = base
+    assert proxy_spec_hash(with_status) == base
+
+
+def test_what_shapes_resources_changes_it() -> None:
+    base = proxy_spec_hash(make())
+    changed = [
+        make({"port": 18082}),
+        make({"protocol": "socks5"}),
+        make({"allowedSourceRanges": ["10.0.0.0/9"]}),
+        make({"local": {"bindAddress": "127.0.0.2"}}),
+        make(name="web-2"),
+        make(namespace="other"),
+    ]
+    hashes = {proxy_spec_hash(proxy) for proxy in changed}
+    assert base not in hashes
+    assert len(hashes) == len(changed)
+
+
+def test_stack_hash_combines_proxies_and_catalogue_entry() -> None:
+    entry = LocalProvider(type="local", name="local")
+    hashes = {"crawl/a": proxy_spec_hash(make(name="a")), "crawl/b": proxy_spec_hash(make(name="b"))}
+    base = stack_spec_hash(entry, hashes)
+    assert stack_spec_hash(entry, dict(reversed(list(hashes.items())))) == base
+    assert stack_spec_hash(entry, {"crawl/a": hashes["crawl/a"]}) != base
+    assert stack_spec_hash(entry, hashes | {"crawl/b": proxy_spec_hash(make({"port": 1}, name="b"))}) != base
+    assert stack_spec_hash(LocalProvider(type="local", name="local", drift_policy="correct"), hashes) != base
+    assert (
+        stack_spec_hash(LocalProvider(type="local", name="local", bind_address="127.0.0.2"), hashes) != base
+    )
+    assert stack_spec_hash(LocalProvider(type="local", name="local", drift_policy="detect"), hashes) == base
