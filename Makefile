@@ -1,0 +1,50 @@
+# The commands people type. Every target creates what it needs (virtual environment, Pulumi engine) first.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
+export PULUMI_SKIP_UPDATE_CHECK := true
+
+.DEFAULT_GOAL := help
+.PHONY: help install venv tools run test lint bench clean kvm-ssh-secret lock
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+install: venv tools ## virtual environment + Pulumi CLI and Python language host under .tools/
+
+venv: $(STAMP) ## the virtual environment, from requirements.lock
+
+$(STAMP): pyproject.toml requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c requirements.lock -e '.[test]'
+	@touch $@
+
+tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent
+	@bash scripts/install-tools.sh
+
+run: install ## provision the sample local proxies with the real engine and serve the discovery API
+	$(VENV)/bin/proxy-operator serve --manifests examples/local
+
+test: install ## run the test suite (unit tests and real-engine tests)
+	$(PY) -m pytest
+
+lint: venv ## ruff, formatting and the layer contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+bench: install ## benchmarks: figures and ratios against baselines measured in the same run
+	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+kvm-ssh-secret: ## print/apply the kvm-ssh Secret (KVM_SSH_KEY, KVM_KNOWN_HOSTS); refuses a .pub key
+	@bash scripts/kvm-ssh-secret.sh
+
+lock: ## re-resolve requirements.lock from pyproject.toml (then review the diff)
+	$(PY) -m pip freeze --exclude-editable | grep -v '^proxy-operator' > requirements.lock
+
+clean: ## remove the virtual environment, the engine and local state
+	rm -rf $(VENV) .tools .state .pytest_cache .ruff_cache .mypy_cache *.egg-info

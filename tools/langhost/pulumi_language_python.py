@@ -1,0 +1,125 @@
+"""A Pulumi language host for Python programs, for machines where the Go one cannot be had.
+
+The Pulumi CLI runs a `runtime: python` program through a plugin called `pulumi-language-python`: it starts
+the plugin with the engine's address as the last argument, reads a port from the plugin's first line of
+output, and talks gRPC (`pulumirpc.LanguageRuntime`) to it. Pulumi's release bundle ships a Go build of that
+plugin; its Go module is not served by the module proxy this project can reach, so `scripts/install-tools.sh`
+installs this one in its place when the official installer is out of reach.
+
+It is a thin adapter over code that Pulumi maintains: the Python SDK's own `LanguageServer` (what the
+Automation API uses to run inline programs). This file only starts that server as a plugin and turns the
+project's `main` into the program function. Differences from the Go host, on purpose:
+- `GetRequiredPackages` reports nothing: provider plugins are loaded when a resource first needs them, so a
+  stack of `local` proxies never asks for the kubernetes or gcp plugins (which cannot be downloaded here).
+- Dependencies are the project's virtual environment: `InstallDependencies` only says so.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import runpy
+import signal
+import sys
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from pulumi.automation._server import LanguageServer
+from pulumi.runtime.proto import language_pb2, language_pb2_grpc, plugin_pb2
+
+_VERSION = importlib.metadata.version("pulumi")
+_MAX_MESSAGE = 400 * 1024 * 1024  # the engine sends whole configs and receives big registrations
+
+
+def program_for(program_dir: Path, entry_point: str):
+    """Return a callable that runs the project's `main` the way `python <main>` would."""
+    target = (program_dir / entry_point).resolve() if entry_point not in ("", ".") else program_dir.resolve()
+    if target.is_dir() and (target / "__init__.py").exists():
+        # A package: run it as `python -m <package>` so its absolute imports resolve.
+        parent, package = str(target.parent), target.name
+
+        def run_package() -> None:
+            if parent not in sys.path:
+                sys.path.insert(0, parent)
+            runpy.run_module(package, run_name="__main__", alter_sys=True)
+
+        return run_package
+
+    def run_path() -> None:
+        runpy.run_path(str(target), run_name="__main__")
+
+    return run_path
+
+
+class ProjectLanguageHost(LanguageServer):
+    """The SDK's inline-program server, pointed at the project's `main` for each Run."""
+
+    def __init__(self, engine_address: str) -> None:
+        super().__init__(program=lambda: None)
+        self.engine_address = engine_address
+
+    def Handshake(self, request, context):  # noqa: N802 - gRPC method name
+        if request.engine_address:
+            self.engine_address = request.engine_address
+        return language_pb2.LanguageHandshakeResponse()
+
+    def GetPluginInfo(self, request, context):  # noqa: N802
+        return plugin_pb2.PluginInfo(version=_VERSION)
+
+    def Run(self, request, context):  # noqa: N802
+        program_dir = Path(request.info.program_directory or request.pwd or os.getcwd())
+        entry_point = request.info.entry_point or request.program or "."
+        if request.pwd:
+            os.chdir(request.pwd)
+        self.program = program_for(program_dir, entry_point)
+        if not request.args:
+            # LanguageServer reads the engine address from args[0]; the CLI gave it to us on argv.
+            request.args.append(self.engine_address)
+        return super().Run(request, context)
+
+    def InstallDependencies(self, request, context):  # noqa: N802
+        message = "dependencies come from the project's virtual environment; nothing to install\n"
+        yield language_pb2.InstallDependenciesResponse(stdout=message.encode())
+
+    def GetProgramDependencies(self, request, context):  # noqa: N802
+        deps = [
+            language_pb2.DependencyInfo(name=dist.metadata["Name"], version=dist.version)
+            for dist in importlib.metadata.distributions()
+            if dist.metadata["Name"]
+        ]
+        return language_pb2.GetProgramDependenciesResponse(dependencies=deps)
+
+    def RuntimeOptionsPrompts(self, request, context):  # noqa: N802
+        return language_pb2.RuntimeOptionsResponse()
+
+    def Cancel(self, request, context):  # noqa: N802
+        from google.protobuf import empty_pb2
+
+        return empty_pb2.Empty()
+
+
+def main(argv: list[str]) -> int:
+    positional = [arg for arg in argv if not arg.startswith("-")]
+    engine_address = positional[-1] if positional else ""
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=4),
+        options=[
+            ("grpc.max_send_message_length", _MAX_MESSAGE),
+            ("grpc.max_receive_message_length", _MAX_MESSAGE),
+        ],
+    )
+    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(ProjectLanguageHost(engine_address), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    # The CLI reads the port from our first line of output.
+    print(port, flush=True)
+    # The engine stops its plugins with a signal when it is done (or cancelled): leave quietly.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: server.stop(grace=1))
+    server.wait_for_termination()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
