@@ -1,0 +1,1 @@
+"""Discovery: lease healthy proxies with cooldowns, penalties, sticky sessions, in memory or in Redis."""

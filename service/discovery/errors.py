@@ -1,0 +1,36 @@
+"""Discovery's domain errors; the API turns each into one HTTP status at its edge (service/api/errors.py)."""
+
+from __future__ import annotations
+
+
+class DiscoveryError(Exception):
+    """Base: `reason` is a stable machine-readable word, the message says what to do."""
+
+    reason = "discovery_error"
+
+
+class NoProxyAvailable(DiscoveryError):
+    """Nothing eligible now. `retry_after` = seconds until the earliest candidate becomes eligible."""
+
+    def __init__(self, message: str, *, reason: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class SessionLost(DiscoveryError):
+    """A strict session's proxy is gone, unhealthy, filtered out or banned for the target."""
+
+    reason = "session_lost"
+
+
+class LeaseNotFound(DiscoveryError):
+    reason = "lease_not_found"
+
+
+class ProxyNotFound(DiscoveryError):
+    reason = "proxy_not_found"
+
+
+class InvalidRequest(DiscoveryError):
+    reason = "invalid_request"

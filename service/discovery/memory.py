@@ -1,0 +1,154 @@
+"""In-memory store for one replica: plain dicts under one lock, so every decision is atomic.
+
+LRU order is an OrderedDict of every proxy ever offered (front = least recently handed out); a lease walks it
+from the front and usually stops after a few keys, so a lease costs O(count) in the common case, not O(fleet).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import OrderedDict
+from collections.abc import Collection
+
+from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
+
+# Expired entries are swept at most this often (store-clock seconds); leases stay readable this long
+# after expiry, so late reports still find them.
+SWEEP_EVERY = 60.0
+LEASE_GRACE = 3600.0
+
+
+class MemoryStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lru: OrderedDict[str, None] = OrderedDict()
+        self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
+        self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
+        self._leases: dict[str, LeaseRecord] = {}
+        self._lease_gc: list[tuple[float, str]] = []
+        self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
+        self._last_candidates: Collection[str] | None = None
+        self._next_sweep = 0.0
+
+    async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
+        with self._lock:
+            self._maybe_sweep(now)
+            self._learn(request.candidates)
+            return self._acquire(request, now)
+
+    def _acquire(self, request: AcquireRequest, now: float) -> Acquired:
+        held = self._hold.setdefault((request.client, request.target), {})
+        penalised = self._penalty.get(request.target, {})
+        picked: list[str] = []
+        earliest: float | None = None
+        for key in self._lru:
+            if key not in request.candidates:
+                continue
+            at = penalised.get(key, (0.0, 0))[0]
+            if not request.ignore_cooldown:
+                at = max(at, held.get(key, 0.0))
+            if at <= now:
+                picked.append(key)
+                if len(picked) == request.count:
+                    break
+            elif earliest is None or at < earliest:
+                earliest = at
+        leases = [
+            self._lease(request, key=key, lease_id=lid, now=now)
+            for key, lid in zip(picked, request.lease_ids, strict=False)
+        ]
+        for lease in leases:
+            held[lease.proxy] = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
+            self._lru.move_to_end(lease.proxy)
+        return Acquired(leases=leases, earliest=earliest)
+
+    def _lease(self, request: AcquireRequest, *, key: str, lease_id: str, now: float) -> LeaseRecord:
+        lease = LeaseRecord(
+            lease_id=lease_id,
+            client=request.client,
+            target=request.target,
+            proxy=key,
+            handed_at=now,
+            expires_at=now + request.ttl,
+        )
+        self._leases[lease_id] = lease
+        heapq.heappush(self._lease_gc, (lease.expires_at + LEASE_GRACE, lease_id))
+        return lease
+
+    def _learn(self, candidates: Collection[str]) -> None:
+        # New proxies go to the front: never used is the least recently used.
+        if candidates is self._last_candidates:
+            return
+        for key in candidates:
+            if key not in self._lru:
+                self._lru[key] = None
+                self._lru.move_to_end(key, last=False)
+        self._last_candidates = candidates
+
+    async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
+        return self._leases.get(lease_id)
+
+    async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.released or lease.expires_at <= now:
+                return None
+            held = self._hold.get((lease.client, lease.target), {})
+            if held.get(lease.proxy) == lease.expires_at:
+                held[lease.proxy] = max(lease.handed_at + cooldown, now)
+            released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
+            self._leases[lease_id] = released
+            return released
+
+    async def penalise(
+        self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
+    ) -> Penalty:
+        with self._lock:
+            per_target = self._penalty.setdefault(target, {})
+            until, strikes = per_target.get(proxy, (0.0, 0))
+            until = max(until, now + fraction * min(cap, base * 2 ** min(strikes, 40)))
+            per_target[proxy] = (until, strikes + 1)
+            return Penalty(target=target, until=until, strikes=strikes + 1)
+
+    async def forgive(self, *, proxy: str, target: str) -> None:
+        with self._lock:
+            self._penalty.get(target, {}).pop(proxy, None)
+
+    async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
+        with self._lock:
+            found = [(t, p[proxy]) for t, p in self._penalty.items() if proxy in p]
+        return [Penalty(target=t, until=u, strikes=n) for t, (u, n) in sorted(found) if u > now]
+
+    async def penalty_until(self, *, proxy: str, target: str) -> float:
+        return self._penalty.get(target, {}).get(proxy, (0.0, 0))[0]
+
+    async def get_session(self, *, client: str, session: str, now: float, idle: float) -> str | None:
+        bound = self._sessions.get((client, session))
+        if bound is None or bound[1] <= now:
+            return None
+        return bound[0]
+
+    async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
+        with self._lock:
+            self._sessions[(client, session)] = (proxy, now + idle)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
+
+    def _maybe_sweep(self, now: float) -> None:
+        if now < self._next_sweep:
+            return
+        self._next_sweep = now + SWEEP_EVERY
+        for pair, held in list(self._hold.items()):
+            for key in [k for k, until in held.items() if until <= now]:
+                del held[key]
+            if not held:
+                del self._hold[pair]
+        for pair in [p for p, (_, until) in self._sessions.items() if until <= now]:
+            del self._sessions[pair]
+        while self._lease_gc and self._lease_gc[0][0] <= now:
+            self._leases.pop(heapq.heappop(self._lease_gc)[1], None)

@@ -1,0 +1,86 @@
+"""Lua scripts of the Redis store: each runs atomically in Redis, so replicas never race on a decision.
+
+Numbers go in and out as strings ("%.6f"): Redis turns a Lua number reply into an integer, which would cut
+timestamps. Lease keys are derived inside the scripts, so the store needs one Redis, not a Redis Cluster.
+"""
+
+from __future__ import annotations
+
+# KEYS: hold zset (client|target), penalty zset (target), lru zset
+# ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids,
+#       ids..., candidates...
+ACQUIRE = r"""
+local hold, pen, lru = KEYS[1], KEYS[2], KEYS[3]
+local now, count, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cooldown, client, target = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local lease_prefix, grace, ignore_cd = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
+local nids = tonumber(ARGV[10])
+local first = 11 + nids
+local eligible, earliest = {}, nil
+local CHUNK = 4000
+for s = first, #ARGV, CHUNK do
+  local part = {unpack(ARGV, s, math.min(s + CHUNK - 1, #ARGV))}
+  local h = redis.call('ZMSCORE', hold, unpack(part))
+  local p = redis.call('ZMSCORE', pen, unpack(part))
+  local l = redis.call('ZMSCORE', lru, unpack(part))
+  for i = 1, #part do
+    local at = tonumber(p[i]) or 0
+    if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
+    if at <= now then
+      eligible[#eligible + 1] = {tonumber(l[i]) or -1, part[i]}
+    elseif earliest == nil or at < earliest then
+      earliest = at
+    end
+  end
+end
+if count < #eligible then
+  table.sort(eligible, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+end
+local hold_until = now + math.max(cooldown, ttl)
+if ttl <= cooldown then hold_until = now + cooldown end
+local out = {earliest and string.format('%.6f', earliest) or ''}
+for i = 1, math.min(count, #eligible) do
+  local key, id = eligible[i][2], ARGV[10 + i]
+  redis.call('ZADD', hold, string.format('%.6f', hold_until), key)
+  redis.call('ZADD', lru, string.format('%.6f', now), key)
+  local lk = lease_prefix .. id
+  redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
+    'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
+    'hold', string.format('%.6f', hold_until), 'released', '0')
+  redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
+  out[#out + 1] = id
+  out[#out + 1] = key
+end
+redis.call('PEXPIRE', hold, math.floor((math.max(cooldown, ttl) + 60) * 1000))
+return out
+"""
+
+# KEYS: lease key; ARGV: now, cooldown, hold key prefix
+RELEASE = r"""
+local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
+if not f[1] then return '' end
+local now, cooldown = tonumber(ARGV[1]), tonumber(ARGV[2])
+if f[7] == '1' or tonumber(f[5]) <= now then return '' end
+local hold = ARGV[3] .. f[1] .. '|' .. f[2]
+local cur = redis.call('ZSCORE', hold, f[3])
+if cur and tonumber(cur) == tonumber(f[6]) then
+  redis.call('ZADD', hold, string.format('%.6f', math.max(tonumber(f[4]) + cooldown, now)), f[3])
+end
+redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', now))
+return 'ok'
+"""
+
+# KEYS: penalty zset (target), strikes hash (proxy)
+# ARGV: proxy, target, now, base, cap, fraction, keep_seconds
+PENALISE = r"""
+local proxy, target, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local base, cap, fraction = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local strikes = redis.call('HINCRBY', KEYS[2], target, 1)
+local untl = now + fraction * math.min(cap, base * 2 ^ math.min(strikes - 1, 40))
+local cur = tonumber(redis.call('ZSCORE', KEYS[1], proxy))
+if cur and cur > untl then untl = cur end
+redis.call('ZADD', KEYS[1], string.format('%.6f', untl), proxy)
+redis.call('PEXPIRE', KEYS[1], math.floor((cap + 60) * 1000))
+redis.call('PEXPIRE', KEYS[2], math.floor(tonumber(ARGV[7]) * 1000))
+return {string.format('%.6f', untl), tostring(strikes)}
+"""

@@ -1,0 +1,143 @@
+"""Redis store: the state several replicas share. Decisions run as Lua scripts (atomic in Redis).
+
+Keys (prefix P): `P:hold:<client>|<target>` zset proxy -> held-until, `P:pen:<target>` zset proxy ->
+penalised-until, `P:strikes:<proxy>` hash target -> bans since the last good report, `P:lru` zset proxy ->
+last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash. Every key carries a TTL.
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from service.discovery import redis_scripts
+from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
+
+LEASE_GRACE = 3600.0
+STRIKES_KEEP = 7 * 86400.0
+
+
+def _f(value: float) -> str:
+    return f"{value:.6f}"
+
+
+class RedisStore:
+    def __init__(self, client: aioredis.Redis, *, prefix: str = "proxy-operator") -> None:
+        self._r = client
+        self._p = prefix
+        self._acquire = client.register_script(redis_scripts.ACQUIRE)
+        self._release = client.register_script(redis_scripts.RELEASE)
+        self._penalise = client.register_script(redis_scripts.PENALISE)
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "proxy-operator") -> RedisStore:
+        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix=prefix)
+
+    async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
+        ids = list(request.lease_ids)[: request.count]
+        args = [
+            _f(now),
+            str(request.count),
+            _f(request.ttl),
+            _f(request.cooldown),
+            request.client,
+            request.target,
+            f"{self._p}:lease:",
+            _f(LEASE_GRACE),
+            "1" if request.ignore_cooldown else "0",
+            str(len(ids)),
+            *ids,
+            *request.candidates,
+        ]
+        hold = self._hold_key(request.client, request.target)
+        keys = [hold, f"{self._p}:pen:{request.target}", f"{self._p}:lru"]
+        out = await self._acquire(keys=keys, args=args)
+        earliest = float(out[0]) if out[0] else None
+        leases = [
+            LeaseRecord(
+                lease_id=lid,
+                client=request.client,
+                target=request.target,
+                proxy=key,
+                handed_at=now,
+                expires_at=now + request.ttl,
+            )
+            for lid, key in zip(out[1::2], out[2::2], strict=True)
+        ]
+        return Acquired(leases=leases, earliest=earliest)
+
+    async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
+        fields = await self._r.hgetall(f"{self._p}:lease:{lease_id}")
+        if not fields:
+            return None
+        return LeaseRecord(
+            lease_id=lease_id,
+            client=fields["client"],
+            target=fields["target"],
+            proxy=fields["proxy"],
+            handed_at=float(fields["handed"]),
+            expires_at=float(fields["expires"]),
+            released=fields.get("released") == "1",
+        )
+
+    async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
+        out = await self._release(
+            keys=[f"{self._p}:lease:{lease_id}"], args=[_f(now), _f(cooldown), f"{self._p}:hold:"]
+        )
+        return await self.get_lease(lease_id, now=now) if out == "ok" else None
+
+    async def penalise(
+        self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
+    ) -> Penalty:
+        until, strikes = await self._penalise(
+            keys=[f"{self._p}:pen:{target}", f"{self._p}:strikes:{proxy}"],
+            args=[proxy, target, _f(now), _f(base), _f(cap), f"{fraction:.12f}", _f(STRIKES_KEEP)],
+        )
+        return Penalty(target=target, until=float(until), strikes=int(strikes))
+
+    async def forgive(self, *, proxy: str, target: str) -> None:
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.zrem(f"{self._p}:pen:{target}", proxy)
+            pipe.hdel(f"{self._p}:strikes:{proxy}", target)
+            await pipe.execute()
+
+    async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
+        strikes = await self._r.hgetall(f"{self._p}:strikes:{proxy}")
+        found = []
+        for target in sorted(strikes):
+            until = await self.penalty_until(proxy=proxy, target=target)
+            if until > now:
+                found.append(Penalty(target=target, until=until, strikes=int(strikes[target])))
+        return found
+
+    async def penalty_until(self, *, proxy: str, target: str) -> float:
+        score = await self._r.zscore(f"{self._p}:pen:{target}", proxy)
+        return float(score) if score is not None else 0.0
+
+    async def get_session(self, *, client: str, session: str, now: float, idle: float) -> str | None:
+        proxy, until = await self._r.hmget(self._session_key(client, session), ["proxy", "until"])
+        if proxy is None or until is None or float(until) <= now:
+            return None
+        return str(proxy)
+
+    async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
+        key = self._session_key(client, session)
+        async with self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(key, mapping={"proxy": proxy, "until": _f(now + idle)})
+            pipe.pexpire(key, int((idle + 60) * 1000))
+            await pipe.execute()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._r.ping())
+        except RedisError:
+            return False
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+    def _hold_key(self, client: str, target: str) -> str:
+        return f"{self._p}:hold:{client}|{target}"
+
+    def _session_key(self, client: str, session: str) -> str:
+        return f"{self._p}:sess:{client}|{session}"

@@ -1,0 +1,219 @@
+"""Discovery: lease proxies (LRU among eligible, sticky sessions, bounded wait), release, and reports.
+
+Eligible = healthy + addressed + matching the filters (from the inventory), not held or cooling down for this
+client and target, and not penalised for this target (both in the store, decided atomically there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+
+from service.discovery.backoff import FullJitter
+from service.discovery.candidates import candidates
+from service.discovery.errors import LeaseNotFound, NoProxyAvailable, ProxyNotFound, SessionLost
+from service.discovery.store import AcquireRequest, LeaseRecord, Penalty, Store
+from service.discovery.waiter import Waiter
+from service.inventory import Inventory
+from service.settings import DiscoverySettings
+
+ANY_TARGET = "*"
+POLL_SECONDS = 1.0  # a waiter re-checks at least this often: other replicas' releases do not wake it
+
+
+@dataclass(frozen=True)
+class LeaseQuery:
+    client: str
+    count: int = 1
+    pool: str | None = None
+    provider: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    target: str = ANY_TARGET
+    session: str | None = None
+    strict: bool = False
+    ttl: float | None = None
+    wait: float = 0.0
+
+
+@dataclass(frozen=True)
+class LeaseGrant:
+    leases: list[LeaseRecord]
+    session: str | None = None
+    rebound: bool = False
+    previous_proxy: str | None = None
+
+
+class DiscoveryService:
+    def __init__(
+        self,
+        *,
+        inventory: Inventory,
+        store: Store,
+        settings: DiscoverySettings,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        on_error_report: Callable[[str], None] | None = None,
+        no_candidate_retry: float = 10.0,
+    ) -> None:
+        self.inventory = inventory
+        self.store = store
+        self.settings = settings
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._new_id = new_id
+        self._on_error_report = on_error_report
+        self._no_candidate_retry = no_candidate_retry  # the health interval: when a proxy may turn healthy
+        self._backoff = FullJitter(base=settings.penalty_base_seconds, cap=settings.penalty_cap_seconds)
+        self._waiter = Waiter()
+        inventory.add_listener(self._waiter.notify)
+
+    async def lease(self, query: LeaseQuery) -> LeaseGrant:
+        """Lease now, or wait up to `query.wait` seconds for a proxy to become eligible."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + min(query.wait, self.settings.max_wait_seconds)
+        while True:
+            generation = self._waiter.generation
+            try:
+                return await self._lease_once(query)
+            except NoProxyAvailable as exc:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    raise
+                timeout = min(remaining, max(exc.retry_after, 0.01), POLL_SECONDS)
+                await self._waiter.wait(generation, seconds=timeout)
+
+    async def _lease_once(self, query: LeaseQuery) -> LeaseGrant:
+        now = self._clock()
+        pool = candidates(self.inventory, pool=query.pool, provider=query.provider, labels=query.labels)
+        if query.session is None:
+            return LeaseGrant(leases=await self._acquire(query, pool=pool, now=now))
+        bound = await self.store.get_session(
+            client=query.client, session=query.session, now=now, idle=self.settings.session_idle_seconds
+        )
+        if bound is not None:
+            why = await self._session_problem(bound, query=query, pool=pool, now=now)
+            if why is None:
+                leases = await self._acquire(query, pool=[bound], now=now, sticky=True)
+                await self._bind(query, proxy=bound, now=now)
+                return LeaseGrant(leases=leases, session=query.session)
+            if query.strict:
+                raise SessionLost(f"session {query.session!r} was bound to {bound}, which {why}")
+        leases = await self._acquire(query, pool=pool, now=now)
+        await self._bind(query, proxy=leases[0].proxy, now=now)
+        return LeaseGrant(
+            leases=leases, session=query.session, rebound=bound is not None, previous_proxy=bound
+        )
+
+    async def _session_problem(
+        self, proxy: str, *, query: LeaseQuery, pool: Collection[str], now: float
+    ) -> str | None:
+        if self.inventory.get(proxy) is None:
+            return "is gone"
+        if proxy not in pool:
+            return "is not healthy or no longer matches the filters"
+        if await self.store.penalty_until(proxy=proxy, target=query.target) > now:
+            return f"is banned for {query.target}"
+        return None
+
+    async def _bind(self, query: LeaseQuery, *, proxy: str, now: float) -> None:
+        assert query.session is not None
+        await self.store.bind_session(
+            client=query.client,
+            session=query.session,
+            proxy=proxy,
+            now=now,
+            idle=self.settings.session_idle_seconds,
+        )
+
+    async def _acquire(
+        self, query: LeaseQuery, *, pool: Collection[str], now: float, sticky: bool = False
+    ) -> list[LeaseRecord]:
+        request = AcquireRequest(
+            client=query.client,
+            target=query.target,
+            candidates=pool,
+            count=1 if query.session else query.count,
+            ttl=query.ttl or self.settings.lease_ttl_seconds,
+            cooldown=self.settings.cooldown_seconds,
+            lease_ids=[self._new_id() for _ in range(query.count)],
+            ignore_cooldown=sticky,
+        )
+        acquired = await self.store.acquire(request, now=now)
+        if acquired.leases:
+            return acquired.leases
+        if acquired.earliest is None:
+            raise NoProxyAvailable(
+                "no healthy proxy matches pool/provider/labels; health is re-probed every few seconds",
+                reason="no_candidates",
+                retry_after=self._no_candidate_retry,
+            )
+        raise NoProxyAvailable(
+            f"every matching proxy is cooling down or banned for {query.target}",
+            reason="all_cooling_down",
+            retry_after=max(acquired.earliest - now, 0.0),
+        )
+
+    async def release(self, *, client: str, lease_id: str) -> LeaseRecord:
+        lease = await self.store.get_lease(lease_id, now=self._clock())
+        if lease is None or lease.client != client:
+            raise LeaseNotFound(f"no lease {lease_id!r} for client {client!r}")
+        released = await self.store.release(
+            lease_id, now=self._clock(), cooldown=self.settings.cooldown_seconds
+        )
+        if released is None:
+            raise LeaseNotFound(f"lease {lease_id!r} already ended (expired or released)")
+        self._waiter.notify()
+        return released
+
+    async def report(
+        self, *, client: str, outcome: str, target: str | None, lease_id: str | None, proxy: str | None
+    ) -> tuple[str, str, Penalty | None]:
+        """Apply a client's report; returns (proxy, target, penalty if banned)."""
+        proxy, target = await self._report_subject(
+            client=client, target=target, lease_id=lease_id, proxy=proxy
+        )
+        penalty = None
+        if outcome == "banned":
+            penalty = await self.store.penalise(
+                proxy=proxy,
+                target=target,
+                now=self._clock(),
+                base=self._backoff.base,
+                cap=self._backoff.cap,
+                fraction=self._rng.random(),
+            )
+        elif outcome == "ok":
+            await self.store.forgive(proxy=proxy, target=target)
+            self._waiter.notify()
+        elif self._on_error_report is not None:
+            self._on_error_report(proxy)
+        return proxy, target, penalty
+
+    async def _report_subject(
+        self, *, client: str, target: str | None, lease_id: str | None, proxy: str | None
+    ) -> tuple[str, str]:
+        if lease_id is not None:
+            lease = await self.store.get_lease(lease_id, now=self._clock())
+            if lease is None or lease.client != client:
+                msg = f"no lease {lease_id!r} for client {client!r}; report by proxy and target"
+                raise LeaseNotFound(msg)
+            return lease.proxy, target or lease.target
+        assert proxy is not None
+        if self.inventory.get(proxy) is None:
+            raise ProxyNotFound(f"no proxy {proxy!r}; use the key namespace/name from /v1/proxies")
+        return proxy, target or ANY_TARGET
+
+    async def penalties(self, proxy: str) -> list[Penalty]:
+        return await self.store.penalties(proxy, now=self._clock())
+
+    def retry_after_header(self, seconds: float) -> str:
+        return str(max(1, math.ceil(seconds)))
+
+    def notify(self) -> None:
+        self._waiter.notify()

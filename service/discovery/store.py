@@ -1,0 +1,92 @@
+"""The state discovery keeps between requests, behind one narrow protocol with two implementations.
+
+`MemoryStore` serves one replica; `RedisStore` lets several replicas share cooldowns, penalties, sessions and
+leases. Each method that decides is atomic in its store, so concurrent requests never hand out a proxy inside
+its cooldown. Times are wall-clock seconds passed in by the caller (an injected clock), never read here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """One proxy handed to one client for one target until `expires_at` (or an early release)."""
+
+    lease_id: str
+    client: str
+    target: str
+    proxy: str
+    handed_at: float
+    expires_at: float
+    released: bool = False
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """What `acquire` handed out, and when the first candidate it skipped becomes eligible (None: no such)."""
+
+    leases: list[LeaseRecord]
+    earliest: float | None
+
+
+@dataclass(frozen=True)
+class Penalty:
+    target: str
+    until: float
+    strikes: int
+
+
+@dataclass(frozen=True)
+class AcquireRequest:
+    client: str
+    target: str
+    candidates: Collection[str]
+    count: int
+    ttl: float
+    cooldown: float
+    lease_ids: Sequence[str]
+    ignore_cooldown: bool = False  # a sticky session re-uses its proxy whatever the cooldown
+
+
+class Store(Protocol):
+    async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
+        """Pick up to `count` eligible candidates, least recently used first, and lease them atomically."""
+        ...
+
+    async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
+        """A lease, also after expiry or release while the store still keeps it for reports."""
+        ...
+
+    async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
+        """End an active lease early; the cooldown from its hand-out still applies. None if not active."""
+        ...
+
+    async def penalise(
+        self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
+    ) -> Penalty:
+        """Record a ban: until = now + fraction * min(cap, base * 2**strikes_before)."""
+        ...
+
+    async def forgive(self, *, proxy: str, target: str) -> None:
+        """A good report: forget the proxy's penalty and strikes for that target."""
+        ...
+
+    async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
+        """The proxy's current penalties (one per target still penalised)."""
+        ...
+
+    async def penalty_until(self, *, proxy: str, target: str) -> float: ...
+
+    async def get_session(self, *, client: str, session: str, now: float, idle: float) -> str | None: ...
+
+    async def bind_session(
+        self, *, client: str, session: str, proxy: str, now: float, idle: float
+    ) -> None: ...
+
+    async def ping(self) -> bool: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,1 @@
+"""The health engine: probes every addressed proxy, applies thresholds, learns egress IPs."""

@@ -1,0 +1,160 @@
+"""The inventory: every proxy endpoint the sources know, annotated with health by the health engine.
+
+Sources (directory of manifests, Kubernetes controller) replace or update the endpoints; the health engine
+writes one `Health` per key; discovery reads both. All methods take one lock, so threads (a Kubernetes watch)
+and the event loop can share it. Reads return immutable values or copies, never live internals.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from types import MappingProxyType
+
+
+class HealthState(StrEnum):
+    unknown = "unknown"
+    healthy = "healthy"
+    unhealthy = "unhealthy"
+
+
+@dataclass(frozen=True)
+class ProxyEndpoint:
+    """One proxy as discovery serves it. `host`/`port` are None until the stack publishes an address."""
+
+    key: str
+    namespace: str
+    name: str
+    provider: str
+    pool: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    protocol: str = "http"
+    host: str | None = None
+    port: int | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    stack: str | None = None
+
+    @property
+    def has_address(self) -> bool:
+        return bool(self.host) and self.port is not None
+
+
+@dataclass(frozen=True)
+class Health:
+    """What the health engine last concluded about one proxy."""
+
+    state: HealthState = HealthState.unknown
+    egress_ip: str | None = None
+    consecutive_failures: int = 0
+    consecutive_successes: int = 0
+    last_probe_at: float | None = None
+    last_latency_seconds: float | None = None
+    last_error: str | None = None
+
+    @property
+    def healthy(self) -> bool:
+        return self.state is HealthState.healthy
+
+
+_UNKNOWN = Health()
+
+
+class Inventory:
+    """Thread-safe map key -> endpoint (+ health). `version` grows on every change to the set of endpoints."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._endpoints: dict[str, ProxyEndpoint] = {}
+        self._health: dict[str, Health] = {}
+        self._healthy: frozenset[str] = frozenset()
+        self._loaded = False
+        self._version = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    # --- written by sources -------------------------------------------------------------------------------
+    def replace_all(self, endpoints: Iterable[ProxyEndpoint]) -> None:
+        """Replace the whole set (a source's full resync). Health of keys that stay is kept."""
+        new = {ep.key: ep for ep in endpoints}
+        with self._lock:
+            self._endpoints = new
+            self._health = {k: h for k, h in self._health.items() if k in new}
+            self._loaded = True
+            self._changed()
+
+    def upsert(self, endpoint: ProxyEndpoint) -> None:
+        with self._lock:
+            old = self._endpoints.get(endpoint.key)
+            self._endpoints[endpoint.key] = endpoint
+            if old is not None and _address(old) != _address(endpoint):
+                self._health.pop(endpoint.key, None)  # a new address must prove itself again
+            self._changed()
+
+    def remove(self, key: str) -> None:
+        with self._lock:
+            if self._endpoints.pop(key, None) is not None:
+                self._health.pop(key, None)
+                self._changed()
+
+    def mark_loaded(self) -> None:
+        """A source says the desired state is loaded even if it holds no proxy."""
+        with self._lock:
+            self._loaded = True
+
+    # --- written by the health engine ---------------------------------------------------------------------
+    def set_health(self, key: str, health: Health) -> None:
+        with self._lock:
+            if key not in self._endpoints:
+                return  # removed while its probe was in flight
+            was = self._health.get(key, _UNKNOWN).healthy
+            self._health[key] = health
+            if was != health.healthy:
+                self._changed()
+
+    # --- reads --------------------------------------------------------------------------------------------
+    @property
+    def loaded(self) -> bool:
+        return self._loaded
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def get(self, key: str) -> ProxyEndpoint | None:
+        return self._endpoints.get(key)
+
+    def health(self, key: str) -> Health:
+        return self._health.get(key, _UNKNOWN)
+
+    def endpoints(self) -> list[ProxyEndpoint]:
+        with self._lock:
+            return list(self._endpoints.values())
+
+    def healthy_keys(self) -> frozenset[str]:
+        """The keys currently eligible by health (a snapshot; cheap, rebuilt only on change)."""
+        return self._healthy
+
+    def health_snapshot(self) -> Mapping[str, Health]:
+        with self._lock:
+            return MappingProxyType(dict(self._health))
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Called after every change, from the changing thread; used to wake lease waiters."""
+        self._listeners.append(listener)
+
+    def __len__(self) -> int:
+        return len(self._endpoints)
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._healthy = frozenset(
+            k for k, h in self._health.items() if h.healthy and self._endpoints[k].has_address
+        )
+        for listener in self._listeners:
+            listener()
+
+
+def _address(endpoint: ProxyEndpoint) -> tuple[str | None, int | None, str]:
+    return (endpoint.host, endpoint.port, endpoint.protocol)

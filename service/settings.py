@@ -1,0 +1,73 @@
+"""Settings of the discovery API and the health engine (the lead composes them into the top-level settings).
+
+Every field has a safe default and is documented in docs/api.md. Environment variables:
+`PROXY_OPERATOR_DISCOVERY_<FIELD>` and `PROXY_OPERATOR_HEALTH_<FIELD>`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class DiscoverySettings(BaseSettings):
+    """Selection, cooldown, penalty, session and lease behaviour of `/v1/leases`."""
+
+    model_config = SettingsConfigDict(env_prefix="PROXY_OPERATOR_DISCOVERY_", extra="forbid")
+
+    store: Literal["memory", "redis"] = Field(
+        "memory", description="Where cooldowns, penalties, sessions and leases live; `redis` for replicas."
+    )
+    redis_url: str | None = Field(None, description="redis://host:port/db; required when store=redis.")
+    redis_prefix: str = Field("proxy-operator", description="Prefix of every Redis key this service writes.")
+    tokens_file: Path | None = Field(
+        None, description="YAML/JSON list of {name, scopes, sha256} (a mounted Secret); re-read on change."
+    )
+    cooldown_seconds: float = Field(
+        10.0,
+        ge=0,
+        le=86400,
+        description="A proxy handed to a client for a target is not handed to that "
+        "client for that target again for this long (and not while the lease is held).",
+    )
+    lease_ttl_seconds: float = Field(60.0, gt=0, le=86400, description="Default lease lifetime.")
+    lease_ttl_max_seconds: float = Field(3600.0, gt=0, le=86400, description="Longest lease allowed.")
+    session_idle_seconds: float = Field(
+        1800.0, gt=0, le=7 * 86400, description="A sticky session is forgotten after this long unused."
+    )
+    penalty_base_seconds: float = Field(300.0, gt=0, description="Ban backoff base (see cap).")
+    penalty_cap_seconds: float = Field(
+        3600.0, gt=0, description="Ban n+1 penalises uniform(0, min(cap, base*2**n))."
+    )
+    max_wait_seconds: float = Field(30.0, ge=0, le=30, description="Longest `wait` a lease request may ask.")
+    max_count: int = Field(100, ge=1, le=1000, description="Most proxies one lease request may ask for.")
+
+    @model_validator(mode="after")
+    def _redis_needs_url(self) -> DiscoverySettings:
+        if self.store == "redis" and not self.redis_url:
+            raise ValueError(
+                "store=redis needs redis_url (PROXY_OPERATOR_DISCOVERY_REDIS_URL=redis://host:6379/0)"
+            )
+        if self.lease_ttl_seconds > self.lease_ttl_max_seconds:
+            raise ValueError("lease_ttl_seconds must not exceed lease_ttl_max_seconds")
+        return self
+
+
+class HealthSettings(BaseSettings):
+    """How often and how the health engine probes each proxy."""
+
+    model_config = SettingsConfigDict(env_prefix="PROXY_OPERATOR_HEALTH_", extra="forbid")
+
+    interval_seconds: float = Field(10.0, gt=0, le=3600, description="Time between two probes of one proxy.")
+    jitter: float = Field(0.1, ge=0, le=0.5, description="Each interval is spread by +/- this fraction.")
+    concurrency: int = Field(200, ge=1, le=10000, description="Most probes in flight at once.")
+    connect_timeout_seconds: float = Field(3.0, gt=0, le=60, description="TCP connect to the proxy port.")
+    probe_timeout_seconds: float = Field(5.0, gt=0, le=120, description="Whole probe, connect included.")
+    unhealthy_threshold: int = Field(3, ge=1, le=100, description="Consecutive failures before unhealthy.")
+    healthy_threshold: int = Field(2, ge=1, le=100, description="Consecutive successes before healthy again.")
+    probe_url: str | None = Field(
+        None, description="URL fetched through each proxy; default: this service's own /v1/echo (http only)."
+    )
