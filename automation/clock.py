@@ -60,6 +60,7 @@ class FakeClock:
         if seconds < 0:
             raise ValueError("time does not go backwards")
         target = self._now + seconds
+        await asyncio.sleep(0)  # tasks created just before this call get to start their sleep first
         while self._sleepers and self._sleepers[0][0] <= target:
             deadline, _, future = heapq.heappop(self._sleepers)
             if future.done():

@@ -146,12 +146,13 @@ class WorkQueue:
         return self._policy.delay(entry.consecutive_failures, self._rng)
 
     def _schedule_retry(self, entry: StackEntry, delay: float) -> None:
-        entry.next_retry_at = self._clock.now() + delay
-        task = asyncio.create_task(self._retry_later(entry, delay), name=f"retry:{entry.stack}")
+        at = entry.next_retry_at = self._clock.now() + delay
+        task = asyncio.create_task(self._retry_at(entry, at), name=f"retry:{entry.stack}")
         self._retries[entry.stack] = task
 
-    async def _retry_later(self, entry: StackEntry, delay: float) -> None:
-        await self._clock.sleep(delay)
+    async def _retry_at(self, entry: StackEntry, at: float) -> None:
+        # Sleep to an absolute time: the task starts a little after it was scheduled.
+        await self._clock.sleep(max(0.0, at - self._clock.now()))
         del self._retries[entry.stack]  # before enqueueing, so the retry does not cancel itself
         self._enqueue(entry)
 
