@@ -1,0 +1,160 @@
+"""A directory of multi-document YAML -> Proxies and a catalogue, each remembering where it came from.
+
+Every object keeps its file, document index and line, so a problem can say exactly where to look. Documents
+that fail to parse become `Problem`s instead of exceptions: one bad Proxy never hides the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import yaml
+from pydantic import ValidationError
+
+from stacks.catalogue import CatalogueFormatError, catalogue_body, is_catalogue_document
+from stacks.models import KIND, ProviderCatalogue, Proxy
+from stacks.problems import Problem, describe_error, field_path, render_path
+
+T = TypeVar("T")
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a document sits: file, 0-based document index, 1-based line of its start."""
+
+    file: str
+    document: int
+    line: int
+    node: yaml.Node | None = field(default=None, compare=False, repr=False)
+
+    def line_of(self, path: tuple[str | int, ...]) -> int:
+        """The line of the deepest node along `path` (wire names), for pointing at a field."""
+        node, line = self.node, self.line
+        for part in path:
+            node = _child(node, part)
+            if node is None:
+                break
+            line = node.start_mark.line + 1
+        return line
+
+
+@dataclass(frozen=True)
+class Located(Generic[T]):
+    source: Source
+    obj: T
+
+
+@dataclass
+class ManifestSet:
+    proxies: list[Located[Proxy]] = field(default_factory=list)
+    catalogues: list[Located[ProviderCatalogue]] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    ignored: list[Source] = field(default_factory=list)
+    root: str = ""
+    broken_catalogues: int = 0  # catalogue documents that failed to parse (their problems are listed)
+
+    @property
+    def catalogue(self) -> ProviderCatalogue | None:
+        return self.catalogues[0].obj if self.catalogues else None
+
+
+def load_manifests(directory: Path) -> ManifestSet:
+    """Every *.yaml / *.yml under `directory` (sorted, recursive), split into Proxies and catalogues."""
+    found = ManifestSet(root=str(directory))
+    for path in sorted(p for p in directory.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file()):
+        for source, document in _documents(path, found):
+            _classify(source=source, document=document, into=found)
+    return found
+
+
+def _documents(path: Path, found: ManifestSet) -> Iterator[tuple[Source, Any]]:
+    try:
+        nodes = list(yaml.compose_all(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        line = getattr(getattr(exc, "problem_mark", None), "line", None)
+        message = f"not valid YAML ({exc}): fix the syntax"
+        found.problems.append(
+            Problem(str(path), None, None if line is None else line + 1, "file", "", message)
+        )
+        return
+    for index, node in enumerate(nodes):
+        if node is None:
+            continue
+        source = Source(file=str(path), document=index, line=node.start_mark.line + 1, node=node)
+        yield source, yaml.SafeLoader("").construct_document(node)
+
+
+def _classify(*, source: Source, document: Any, into: ManifestSet) -> None:
+    if document is None:
+        return
+    if not isinstance(document, Mapping):
+        into.problems.append(_problem(source, "document", (), "is not a mapping: write a Kubernetes object"))
+    elif document.get("kind") == KIND:
+        _add_proxy(source=source, document=document, into=into)
+    elif is_catalogue_document(document):
+        _add_catalogue(source=source, document=document, into=into)
+    else:
+        into.ignored.append(source)
+
+
+def proxy_label(document: Mapping[str, Any]) -> str:
+    """`Proxy ns/name` from a raw document, as far as it can be read."""
+    metadata = document.get("metadata")
+    metadata = metadata if isinstance(metadata, Mapping) else {}
+    return f"{KIND} {metadata.get('namespace') or 'default'}/{metadata.get('name') or '?'}"
+
+
+def _add_proxy(*, source: Source, document: Mapping[str, Any], into: ManifestSet) -> None:
+    try:
+        into.proxies.append(Located(source, Proxy.model_validate(document)))
+    except ValidationError as exc:
+        label = proxy_label(document)
+        for error in exc.errors():
+            into.problems.append(_problem(source, label, error["loc"], describe_error(error)))
+
+
+def _add_catalogue(*, source: Source, document: Mapping[str, Any], into: ManifestSet) -> None:
+    try:
+        body = catalogue_body(document)
+        into.catalogues.append(Located(source, ProviderCatalogue.model_validate(body)))
+    except CatalogueFormatError as exc:
+        into.broken_catalogues += 1
+        into.problems.append(_problem(source, "catalogue", (), str(exc)))
+    except ValidationError as exc:
+        into.broken_catalogues += 1
+        for error in exc.errors():
+            label = _catalogue_label(body, error["loc"])
+            into.problems.append(_problem(source, label, error["loc"], describe_error(error)))
+
+
+def _catalogue_label(body: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:
+    providers = body.get("providers")
+    if len(loc) > 1 and loc[0] == "providers" and isinstance(loc[1], int) and isinstance(providers, list):
+        entry = providers[loc[1]] if loc[1] < len(providers) else None
+        if isinstance(entry, Mapping) and entry.get("name"):
+            return f"provider {entry['name']}"
+    return "catalogue"
+
+
+def _problem(source: Source, label: str, loc: tuple[str | int, ...], message: str) -> Problem:
+    parts = field_path(loc)
+    return Problem(
+        file=source.file,
+        document=source.document,
+        line=source.line_of(parts),
+        obj=label,
+        path=render_path(parts),
+        message=message,
+    )
+
+
+def _child(node: yaml.Node | None, part: str | int) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode):
+        return next((value for key, value in node.value if key.value == part), None)
+    if isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+        return node.value[part]
+    return None
