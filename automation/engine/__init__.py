@@ -1,0 +1,15 @@
+"""The Pulumi engine: the only package that imports `pulumi.automation`."""
+
+from automation.engine.config import EngineConfig, StackInput
+from automation.engine.core import Engine, interrupt_children
+from automation.engine.results import OperationResult, PreviewStep, StackInfo
+
+__all__ = [
+    "Engine",
+    "EngineConfig",
+    "OperationResult",
+    "PreviewStep",
+    "StackInfo",
+    "StackInput",
+    "interrupt_children",
+]

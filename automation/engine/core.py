@@ -1,0 +1,199 @@
+"""The Pulumi engine behind a narrow interface (`automation.engine` alone imports `pulumi.automation`).
+
+Every stack gets its own work directory (`<state_dir>/work/<stack>`) holding a copy of the project's
+`Pulumi.yaml` whose `main` is the absolute path of `stacks/`: `create/select` rewrite files in the work
+directory, so two stacks sharing one would race. The program runs in the child process that the CLI starts;
+the service never imports a provider SDK. Operations block (they are subprocess calls): callers run them in
+threads. Pulumi's exceptions are translated into `automation.errors` here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from pulumi import automation as auto
+
+from automation.engine.children import interrupt_pulumi_children
+from automation.engine.config import EngineConfig, StackInput
+from automation.engine.errors import translate
+from automation.engine.events import EventLogger
+from automation.engine.locks import LockRecovery
+from automation.engine.results import OperationResult, PreviewStep, StackInfo, steps_from_events
+from automation.engine.state_edit import remove_components
+
+log = logging.getLogger(__name__)
+
+CONFIG_NAMESPACE = "proxy-operator"
+HASH_OUTPUT = "specHash"
+
+
+class Engine:
+    """Runs Pulumi operations on the stacks of one project and one backend."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._command = auto.PulumiCommand(root=str(config.tools_dir), skip_version_check=True)
+        self._locks = LockRecovery(hostname=config.hostname)
+
+    # --- operations -----------------------------------------------------------------------------------
+
+    def up(self, spec: StackInput, *, refresh: bool = False) -> OperationResult:
+        with self._operation(spec.name, "up") as (stack, events):
+            self._configure(stack, spec)
+            result = self._retry_lock(
+                stack, lambda: stack.up(on_event=events, refresh=refresh, parallel=self.config.parallel)
+            )
+            return OperationResult.from_summary(
+                stack=spec.name, kind="up", summary=result.summary, outputs=_plain(result.outputs)
+            )
+
+    def preview(self, spec: StackInput) -> list[PreviewStep]:
+        with self._operation(spec.name, "preview") as (stack, events):
+            self._configure(stack, spec)
+            self._retry_lock(stack, lambda: stack.preview(on_event=events))
+            return steps_from_events(events.events)
+
+    def refresh(self, name: str) -> OperationResult:
+        with self._operation(name, "refresh", create=False) as (stack, events):
+            result = self._retry_lock(stack, lambda: stack.refresh(on_event=events))
+            return OperationResult.from_summary(stack=name, kind="refresh", summary=result.summary)
+
+    def detect_drift(self, name: str) -> list[PreviewStep]:
+        """Preview a refresh: what differs between state and the real resources, changing nothing."""
+        with self._operation(name, "preview-refresh", create=False) as (stack, events):
+            self._retry_lock(stack, lambda: stack.preview_refresh(on_event=events))
+            return [step for step in steps_from_events(events.events) if step.op not in ("same", "read")]
+
+    def destroy(self, name: str) -> OperationResult | None:
+        """Destroy every resource of a stack, then remove the stack. None when there was no stack."""
+        if not self.exists(name):
+            return None
+        with self._operation(name, "destroy", create=False) as (stack, events):
+            result = self._retry_lock(stack, lambda: stack.destroy(on_event=events))
+            stack.workspace.remove_stack(name)
+        return OperationResult.from_summary(stack=name, kind="destroy", summary=result.summary)
+
+    def forget(self, name: str, components: list[str]) -> list[str]:
+        """Drop the named proxy components and their children from state; the real resources stay."""
+        if not self.exists(name):
+            return []
+        with self._operation(name, "forget", create=False) as (stack, _events):
+            deployment = stack.export_stack()
+            edited, forgotten = remove_components(deployment.deployment, components)
+            if forgotten:
+                stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
+            return forgotten
+
+    def remove(self, name: str) -> None:
+        """Forget a whole stack (its resources stay where they are)."""
+        if self.exists(name):
+            self._workspace(name).remove_stack(name, force=True)
+
+    # --- inspection -----------------------------------------------------------------------------------
+
+    def exists(self, name: str) -> bool:
+        return name in self.list_stack_names()
+
+    def list_stack_names(self) -> list[str]:
+        try:
+            return sorted(summary.name for summary in self._workspace(None).list_stacks())
+        except auto.errors.CommandError as exc:
+            raise translate(exc, stack="*") from exc
+
+    def info(self, name: str) -> StackInfo:
+        with self._operation(name, "inspect", create=False) as (stack, _events):
+            deployment = stack.export_stack().deployment or {}
+            history = stack.history(page_size=1, page=1)
+            outputs = stack.outputs()
+        return StackInfo.build(name=name, deployment=deployment, outputs=outputs, history=history)
+
+    def outputs(self, name: str) -> dict[str, tuple[Any, bool]]:
+        """Outputs as {key: (value, is_secret)}; callers mask the secrets unless asked not to."""
+        with self._operation(name, "outputs", create=False) as (stack, _events):
+            return {key: (out.value, out.secret) for key, out in stack.outputs().items()}
+
+    def export(self, name: str) -> dict[str, Any]:
+        with self._operation(name, "export", create=False) as (stack, _events):
+            exported = stack.export_stack()
+            return {"version": exported.version, "deployment": exported.deployment}
+
+    def applied_hash(self, name: str) -> str | None:
+        """The spec hash of the last successful `up` (an output of the stack, so a restart finds it)."""
+        if not self.exists(name):
+            return None
+        value = self.outputs(name).get(HASH_OUTPUT)
+        return str(value[0]) if value else None
+
+    # --- plumbing -------------------------------------------------------------------------------------
+
+    @contextmanager
+    def _operation(self, name: str, kind: str, *, create: bool = True) -> Iterator[tuple[auto.Stack, Any]]:
+        events = EventLogger(stack=name, operation=kind)
+        started = time.monotonic()
+        try:
+            workspace = self._workspace(name)
+            if create:
+                stack = auto.Stack.create_or_select(name, workspace)
+            else:
+                stack = auto.Stack.select(name, workspace)
+            yield stack, events
+        except auto.errors.CommandError as exc:
+            raise translate(exc, stack=name) from exc
+        finally:
+            log.debug("%s %s took %.1fs", kind, name, time.monotonic() - started)
+
+    def _retry_lock(self, stack: auto.Stack, operation: Callable[[], Any]) -> Any:
+        """Run; on a lock whose owner process is gone, recover it once and run again."""
+        try:
+            return operation()
+        except auto.errors.ConcurrentUpdateError as exc:
+            if not self._locks.recover_if_stale(stack=stack, message=str(exc)):
+                raise
+        return operation()
+
+    def _configure(self, stack: auto.Stack, spec: StackInput) -> None:
+        config = {
+            f"{CONFIG_NAMESPACE}:provider": auto.ConfigValue(spec.provider_json),
+            f"{CONFIG_NAMESPACE}:proxies": auto.ConfigValue(spec.proxies_json),
+            f"{CONFIG_NAMESPACE}:credentials": auto.ConfigValue(spec.credentials_json, secret=True),
+            f"{CONFIG_NAMESPACE}:specHash": auto.ConfigValue(spec.spec_hash),
+            f"{CONFIG_NAMESPACE}:stack": auto.ConfigValue(spec.name),
+        }
+        stack.set_all_config(config)
+
+    def _workspace(self, name: str | None) -> auto.LocalWorkspace:
+        work_dir = self.config.state_dir / "work" / (name or "_list")
+        work_dir.mkdir(parents=True, exist_ok=True)
+        settings = auto.ProjectSettings(
+            name=self.config.project_name,
+            runtime="python",
+            main=str(self.config.program_dir),
+            backend=auto.ProjectBackend(url=self.config.backend_url),
+        )
+        return auto.LocalWorkspace(
+            work_dir=str(work_dir),
+            project_settings=settings,
+            secrets_provider=self.config.secrets_provider,
+            env_vars=self.config.environment(),
+            pulumi_command=self._command,
+            pulumi_home=str(self.config.pulumi_home) if self.config.pulumi_home else None,
+        )
+
+
+def _plain(outputs: dict[str, Any]) -> dict[str, Any]:
+    return {key: value.value for key, value in outputs.items()}
+
+
+def dump_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def interrupt_children(*, grace: float = 10.0) -> int:
+    """SIGINT our running `pulumi` children so the engine cancels cleanly and releases its lock."""
+    return interrupt_pulumi_children(parent=os.getpid(), grace=grace)

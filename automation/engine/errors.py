@@ -1,0 +1,72 @@
+"""The one boundary where Pulumi's exceptions become `automation.errors`, by what should happen next."""
+
+from __future__ import annotations
+
+import re
+
+from pulumi import automation as auto
+
+from automation.errors import (
+    CredentialsError,
+    InvalidInputError,
+    ProxyOperatorError,
+    Reason,
+    StackLockedError,
+    TransientError,
+)
+
+# Patterns in the CLI's output, checked in order. Kept as data so a new case is one line.
+_PERMANENT = [
+    (
+        re.compile(
+            r"(invalid_grant|could not find default credentials|401 unauthorized|permission denied "
+            r"\(publickey\)|403 forbidden|authentication failed)",
+            re.I,
+        ),
+        CredentialsError,
+        Reason.CREDENTIALS_REJECTED,
+    ),
+    (
+        re.compile(
+            r"(InvalidInput|invalid (spec|configuration)|is not a host of provider"
+            r"|missing required configuration)",
+            re.I,
+        ),
+        InvalidInputError,
+        Reason.INVALID_INPUT,
+    ),
+]
+_TRANSIENT = [
+    (re.compile(r"(quota|rate ?limit|429 too many)", re.I), Reason.QUOTA),
+    (
+        re.compile(
+            r"(connection refused|timed? ?out|no such host|temporary failure|connection reset|EOF)", re.I
+        ),
+        Reason.NETWORK,
+    ),
+]
+
+
+def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorError:
+    """Map a failed CLI call to a permanent or transient error with a short, useful message."""
+    text = _message(exc)
+    if isinstance(exc, auto.errors.ConcurrentUpdateError):
+        return StackLockedError(f"stack {stack} is locked by another operation: {text}")
+    if isinstance(exc, auto.errors.StackNotFoundError):
+        return InvalidInputError(f"stack {stack} does not exist", reason="StackNotFound")
+    for pattern, error_type, reason in _PERMANENT:
+        if pattern.search(text):
+            return error_type(f"stack {stack}: {text}", reason=reason)
+    for pattern, reason in _TRANSIENT:
+        if pattern.search(text):
+            return TransientError(f"stack {stack}: {text}", reason=reason)
+    return TransientError(f"stack {stack}: {text}", reason=Reason.TRANSIENT)
+
+
+def _message(exc: auto.errors.CommandError) -> str:
+    """The diagnostics part of the CLI's output, without the progress noise; at most a few lines."""
+    raw = str(exc)
+    lines = [line.strip() for line in raw.splitlines() if line.strip()]
+    wanted = [line for line in lines if "error" in line.lower() or "Exception" in line]
+    picked = wanted or lines[-5:]
+    return " | ".join(dict.fromkeys(picked))[:2000]

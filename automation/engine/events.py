@@ -1,0 +1,71 @@
+"""Engine events into structured logs, each line naming the stack and, where it applies, the proxy."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from pulumi.automation import events as ev
+
+log = logging.getLogger("automation.engine.events")
+
+COMPONENT_TYPE = "proxy-operator:index:Proxy"
+
+
+def urn_name(urn: str) -> str:
+    return urn.rsplit("::", 1)[-1]
+
+
+def urn_type(urn: str) -> str:
+    return urn.split("::")[2].rsplit("$", 1)[-1] if urn.count("::") >= 3 else ""
+
+
+@dataclass
+class EventLogger:
+    """Callable given to `on_event`: logs each step and keeps the events for the caller."""
+
+    stack: str
+    operation: str
+    events: list[ev.EngineEvent] = field(default_factory=list)
+    _proxy_of: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, event: ev.EngineEvent) -> None:
+        self.events.append(event)
+        if event.resource_pre_event is not None:
+            self._step(event.resource_pre_event.metadata)
+        elif event.res_op_failed_event is not None:
+            meta = event.res_op_failed_event.metadata
+            self._log(logging.WARNING, "step failed", urn=meta.urn, op=str(meta.op.value))
+        elif event.diagnostic_event is not None:
+            self._diagnostic(event.diagnostic_event)
+        elif event.summary_event is not None:
+            changes = {
+                str(op.value if hasattr(op, "value") else op): n
+                for op, n in (event.summary_event.resource_changes or {}).items()
+            }
+            self._log(logging.INFO, "summary", changes=changes)
+
+    def proxy_for(self, urn: str | None) -> str | None:
+        return self._proxy_of.get(urn or "")
+
+    def _step(self, meta: ev.StepEventMetadata) -> None:
+        state = meta.new or meta.old
+        parent = state.parent if state is not None else None
+        if urn_type(meta.urn) == COMPONENT_TYPE:
+            self._proxy_of[meta.urn] = urn_name(meta.urn)
+        elif parent in self._proxy_of:
+            self._proxy_of[meta.urn] = self._proxy_of[parent]
+        level = logging.DEBUG if meta.op == ev.OpType.SAME else logging.INFO
+        self._log(level, "step", urn=meta.urn, op=str(meta.op.value))
+
+    def _diagnostic(self, diag: ev.DiagnosticEvent) -> None:
+        if diag.ephemeral or diag.severity in ("debug", "info#err") or not diag.message.strip():
+            return
+        level = logging.ERROR if diag.severity == "error" else logging.INFO
+        self._log(level, diag.message.strip()[:1000], urn=diag.urn)
+
+    def _log(self, level: int, message: str, *, urn: str | None = None, **fields: object) -> None:
+        extra = {"stack": self.stack, "operation": self.operation, "proxy": self.proxy_for(urn), **fields}
+        if urn:
+            extra["urn"] = urn
+        log.log(level, "%s %s %s", self.operation, self.stack, message, extra={"fields": extra})

@@ -1,0 +1,116 @@
+"""Plain results of engine operations, free of Pulumi types so that callers need not import them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pulumi.automation import events as ev
+
+from automation.engine.events import COMPONENT_TYPE, urn_name, urn_type
+
+CHANGE_OPS = ("create", "update", "replace", "delete")
+
+
+@dataclass(frozen=True)
+class OperationResult:
+    stack: str
+    kind: str
+    result: str
+    changes: dict[str, int]
+    outputs: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_summary(
+        cls, *, stack: str, kind: str, summary: Any, outputs: dict[str, Any] | None = None
+    ) -> OperationResult:
+        return cls(
+            stack=stack,
+            kind=kind,
+            result=str(summary.result),
+            changes=dict(summary.resource_changes or {}),
+            outputs=outputs or {},
+        )
+
+    @property
+    def changed(self) -> bool:
+        return any(self.changes.get(op, 0) for op in CHANGE_OPS)
+
+
+@dataclass(frozen=True)
+class PreviewStep:
+    """One step of a preview: `op` is create, update, replace, delete, same, read, refresh..."""
+
+    op: str
+    urn: str
+    type: str
+    name: str
+    proxy: str | None
+    diffs: tuple[str, ...] = ()
+
+
+def steps_from_events(events: list[ev.EngineEvent]) -> list[PreviewStep]:
+    proxies: dict[str, str] = {}
+    steps = []
+    for event in events:
+        if event.resource_pre_event is None:
+            continue
+        meta = event.resource_pre_event.metadata
+        state = meta.new or meta.old
+        parent = state.parent if state is not None else None
+        if urn_type(meta.urn) == COMPONENT_TYPE:
+            proxies[meta.urn] = urn_name(meta.urn)
+        elif parent in proxies:
+            proxies[meta.urn] = proxies[parent]
+        op = _op_name(meta.op)
+        steps.append(
+            PreviewStep(
+                op=op,
+                urn=meta.urn,
+                type=meta.type,
+                name=urn_name(meta.urn),
+                proxy=proxies.get(meta.urn),
+                diffs=tuple(meta.diffs or ()),
+            )
+        )
+    return steps
+
+
+def _op_name(op: ev.OpType) -> str:
+    # create-replacement / delete-replaced / replace all read as one "replace" to a human.
+    value = str(op.value)
+    return "replace" if "replace" in value else value
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    name: str
+    resource_count: int
+    proxies: list[str]
+    applied_hash: str | None
+    last_operation: str | None
+    last_result: str | None
+    last_started: datetime | None
+    last_finished: datetime | None
+    outputs: dict[str, tuple[Any, bool]] = field(repr=False)
+
+    @classmethod
+    def build(
+        cls, *, name: str, deployment: dict[str, Any], outputs: dict[str, Any], history: list[Any]
+    ) -> StackInfo:
+        resources = deployment.get("resources") or []
+        proxies = sorted(urn_name(r["urn"]) for r in resources if r.get("type") == COMPONENT_TYPE)
+        last = history[0] if history else None
+        hash_output = outputs.get("specHash")
+        return cls(
+            name=name,
+            resource_count=len([r for r in resources if not r.get("type", "").startswith("pulumi:")]),
+            proxies=proxies,
+            applied_hash=str(hash_output.value) if hash_output else None,
+            last_operation=getattr(last, "kind", None),
+            last_result=getattr(last, "result", None),
+            last_started=getattr(last, "start_time", None),
+            last_finished=getattr(last, "end_time", None),
+            outputs={key: (out.value, out.secret) for key, out in outputs.items()},
+        )
