@@ -1,0 +1,62 @@
+"""The Pulumi program named by Pulumi.yaml (`main: stacks/`): one stack per provider catalogue entry.
+
+Input (stack config, namespace `proxy-operator`):
+- `provider`: the catalogue entry as JSON (by alias);
+- `proxies`: JSON list of {"namespace", "name", "labels", "spec"} (spec by alias);
+- `credentials` (secret): {"ns/name": {"username", "password"}} for proxies whose auth mode is `secret`;
+- `providerCredentials` (secret, optional): the GCP service-account key JSON or the kubeconfig;
+- `kvmSshDir` (optional): where the SSH key and known_hosts are mounted (else $PROXY_OPERATOR_KVM_SSH_DIR).
+Output: `proxies` = {"ns/name": {"host", "port", "protocol", "instanceId"}}, secret `credentials`,
+`specHash` and `appliedProxies` (the automation's `specHash` and `proxies` config, echoed back).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+# The language host runs this file with stacks/ as the working directory and first import path; the
+# package imports below need the repository root instead.
+_ROOT = str(Path(__file__).resolve().parent.parent)
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+import pulumi  # noqa: E402
+from pydantic import TypeAdapter  # noqa: E402
+
+from stacks.models import ProviderEntry  # noqa: E402
+from stacks.programs import build_stack  # noqa: E402
+from stacks.programs.component import ProgramProxy  # noqa: E402
+from stacks.programs.context import DEFAULT_KVM_SSH_DIR, ProgramSettings  # noqa: E402
+
+
+def _settings(config: pulumi.Config) -> ProgramSettings:
+    return ProgramSettings(
+        stack=pulumi.get_stack(),
+        root_dir=pulumi.get_root_directory() or os.getcwd(),
+        provider_credentials=config.get_secret("providerCredentials"),
+        kvm_ssh_dir=config.get("kvmSshDir")
+        or os.environ.get("PROXY_OPERATOR_KVM_SSH_DIR", DEFAULT_KVM_SSH_DIR),
+    )
+
+
+def main() -> None:
+    config = pulumi.Config("proxy-operator")
+    entry = TypeAdapter(ProviderEntry).validate_json(config.require("provider"))
+    proxies = [ProgramProxy.from_config(item) for item in json.loads(config.get("proxies") or "[]")]
+    # Plain read of a secret value: each value is re-wrapped as a secret Output where it is used.
+    given_credentials = json.loads(config.get("credentials") or "{}")
+    outputs = build_stack(
+        entry=entry, proxies=proxies, given_credentials=given_credentials, settings=_settings(config)
+    )
+    pulumi.export("proxies", outputs.proxies)
+    pulumi.export("credentials", outputs.credentials)
+    # Read back by the reconciler: the hash of what this run applied (a restart with no change runs no
+    # `up`), and the applied proxies (last good versions, kept in the stack if an edit turns one invalid).
+    pulumi.export("specHash", config.get("specHash") or "")
+    pulumi.export("appliedProxies", json.loads(config.get("proxies") or "[]"))
+
+
+main()
