@@ -31,6 +31,9 @@ DEFAULT_GCP_IMAGE = "debian-cloud/debian-12"
 DEFAULT_KVM_BASE_IMAGE = "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-generic-amd64.qcow2"
 
 Dns1123Label = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS1123_LABEL)]
+# The CRD's check for a CIDR (the model parses it properly); bounded so the API server can cost CEL rules.
+CIDR_PATTERN = r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|[0-9a-fA-F:.]*:[0-9a-fA-F:.]*)(/[0-9]{1,3})?$"
+Cidr = Annotated[str, Field(max_length=43, json_schema_extra={"pattern": CIDR_PATTERN})]
 
 
 class WireModel(BaseModel):
@@ -50,6 +53,22 @@ class SecretRef(WireModel):
 
 
 class AuthSpec(WireModel):
+    # CEL for the API server, mirroring `_secret_ref_matches_mode`.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.mode != 'secret' || has(self.secretRef)",
+                    "message": "auth.mode 'secret' needs auth.secretRef.name",
+                },
+                {
+                    "rule": "!has(self.secretRef) || self.mode == 'secret'",
+                    "message": "auth.secretRef is only read when auth.mode is 'secret'",
+                },
+            ]
+        }
+    )
+
     mode: Literal["generated", "secret", "none"] = Field(
         "generated", description="generated: the service makes credentials; secret: from secretRef; none."
     )
@@ -137,13 +156,35 @@ def is_open_to_all(ranges: list[str]) -> bool:
 
 
 class ProxySpec(WireModel):
+    # CEL for the API server, mirroring the validators below (defaults are applied before these run).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.auth.mode != 'none' || (has(self.allowedSourceRanges) && "
+                    "size(self.allowedSourceRanges) > 0 && "
+                    "!self.allowedSourceRanges.exists(r, r.endsWith('/0')))",
+                    "message": OPEN_PROXY_MESSAGE,
+                },
+                {
+                    "rule": "[has(self.kubernetes), has(self.gcp), has(self.kvm), has(self.local)]"
+                    ".filter(x, x).size() <= 1",
+                    "message": "set at most one provider-type block",
+                },
+            ]
+        }
+    )
+
     provider: Dns1123Label = Field(description="Name of a provider instance in the catalogue.")
     port: int = Field(3128, ge=1, le=65535, description="Port the proxy listens on and publishes.")
     protocol: Protocol = Protocol.http
     pool: str | None = Field(None, min_length=1, max_length=63, description="Discovery pool; selects only.")
-    auth: AuthSpec = Field(default_factory=AuthSpec)
-    allowed_source_ranges: list[str] = Field(
-        default_factory=list, validate_default=True, description="CIDRs that may connect; empty means all."
+    auth: AuthSpec = Field(default_factory=AuthSpec, json_schema_extra={"default": {}})
+    allowed_source_ranges: list[Cidr] = Field(
+        default_factory=list,
+        validate_default=True,
+        max_length=256,
+        description="CIDRs that may connect; empty means all.",
     )
     kubernetes: KubernetesProxySpec | None = None
     gcp: GcpProxySpec | None = None
@@ -213,7 +254,10 @@ class ProxyStatus(WireModel):
     model_config = ConfigDict(extra="ignore")
 
     phase: str | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
     address: Address | None = None
     egress_ip: str | None = Field(None, alias="egressIP")
     observed_spec_hash: str | None = None
