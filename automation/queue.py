@@ -146,6 +146,8 @@ class WorkQueue:
         return self._policy.delay(entry.consecutive_failures, self._rng)
 
     def _schedule_retry(self, entry: StackEntry, delay: float) -> None:
+        if self._closed:
+            return  # a run that failed during shutdown: nobody is left to retry it
         at = entry.next_retry_at = self._clock.now() + delay
         task = asyncio.create_task(self._retry_at(entry, at), name=f"retry:{entry.stack}")
         self._retries[entry.stack] = task
@@ -159,6 +161,9 @@ class WorkQueue:
     def _enqueue(self, entry: StackEntry) -> None:
         self._cancel_retry(entry.stack)
         entry.next_retry_at = None
+        if self._closed:  # a follow-up of a run that ended during shutdown: dropped like queued work
+            self._set(entry, QueueState.IDLE)
+            return
         self._set(entry, QueueState.QUEUED)
         self._ready.put_nowait(entry.stack)
 

@@ -462,3 +462,34 @@ def test_close_cancels_pending_retries_and_ignores_later_submits() -> None:
         assert asyncio.all_tasks() == {asyncio.current_task()}
 
     run(scenario, policy=POLICY)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "follow_up", "expected"),
+    [
+        (None, True, QueueState.IDLE),
+        (TransientError("timeout"), True, QueueState.IDLE),
+        (TransientError("timeout"), False, QueueState.BACKOFF),
+    ],
+)
+def test_a_run_ending_during_close_schedules_no_follow_up_or_retry(
+    outcome: BaseException | None, follow_up: bool, expected: QueueState
+) -> None:
+    async def scenario(queue: WorkQueue, double: HandlerDouble, clock: FakeClock) -> None:
+        gate = double.block("a")
+        double.fail("a", outcome)
+        queue.submit("a")
+        await double.wait_for_calls(1)
+        if follow_up:
+            queue.submit("a")
+        closing = asyncio.create_task(queue.close(grace=30))
+        await clock.wait_for_sleepers(1)
+        gate.set()
+        await closing
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        state = queue.status("a")
+        assert (state.state, state.next_retry_at) == (expected, None)
+        await queue.drain()
+        assert double.calls == ["a"]
+
+    run(scenario, policy=POLICY)
