@@ -1,0 +1,134 @@
+"""The provider catalogue: named instances of the types kubernetes, gcp, kvm and local."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
+
+from pydantic import Field, field_validator, model_validator
+
+from stacks.models.wire import DEFAULT_KVM_BASE_IMAGE, Dns1123Label, WireModel, ip_address_text
+
+
+class ProviderBase(WireModel):
+    name: Dns1123Label = Field(description="Unique name; Proxies select it with spec.provider.")
+    drift_policy: Literal["correct", "detect"] = Field(
+        "detect", description="detect: report drift only; correct: refresh and up to restore the spec."
+    )
+
+
+class KubernetesProvider(ProviderBase):
+    type: Literal["kubernetes"]
+    namespace: Dns1123Label = Field("proxies", description="Namespace the proxy Deployments run in.")
+    kubeconfig_secret: Dns1123Label | None = Field(
+        None, description="Secret with key `kubeconfig` for another cluster; absent = this cluster."
+    )
+
+
+class GcpProvider(ProviderBase):
+    type: Literal["gcp"]
+    project: str = Field(pattern=r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
+    region: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+$")
+    zone: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
+    network: str = "default"
+    credentials_secret: Dns1123Label | None = Field(
+        None, description="Secret with key `credentials.json` (service-account key); absent = ambient."
+    )
+
+    @model_validator(mode="after")
+    def _zone_in_region(self) -> GcpProvider:
+        if not self.zone.startswith(f"{self.region}-"):
+            raise ValueError(
+                f"zone '{self.zone}' is not in region '{self.region}': pick a zone such as {self.region}-b"
+            )
+        return self
+
+
+KVM_URI_SHAPE = "qemu+ssh://user@host[:port]/system"
+
+
+class KvmHost(WireModel):
+    name: Dns1123Label
+    uri: str = Field(description=f"libvirt URI over SSH, {KVM_URI_SHAPE}.")
+    pool: str | None = Field(None, description="Storage pool; defaults to the entry's pool.")
+    network: str | None = Field(None, description="libvirt network; defaults to the entry's network.")
+
+    @field_validator("uri")
+    @classmethod
+    def _qemu_ssh(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme != "qemu+ssh" or not parts.username or not parts.hostname:
+            raise ValueError(f"'{value}' is not a libvirt URI over SSH: write it as {KVM_URI_SHAPE}")
+        if parts.path not in ("/system", "/session"):
+            raise ValueError(f"'{value}' must end in /system (or /session): write it as {KVM_URI_SHAPE}")
+        if re.search(r"(^|&)no_verify=1", parts.query):
+            raise ValueError("no_verify=1 skips the host key check: remove it and provide known_hosts")
+        return value
+
+
+class KvmProvider(ProviderBase):
+    type: Literal["kvm"]
+    hosts: list[KvmHost] = Field(min_length=1)
+    pool: str = "default"
+    network: str = "default"
+    ssh_secret: Dns1123Label = Field(
+        "kvm-ssh", description="Secret with keys `id_ed25519` (private key) and `known_hosts`."
+    )
+    base_image: str = Field(DEFAULT_KVM_BASE_IMAGE, min_length=1, description="Cloud image URL or path.")
+
+    @model_validator(mode="after")
+    def _unique_hosts_and_defaults(self) -> KvmProvider:
+        names = [host.name for host in self.hosts]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"host names must be unique, repeated: {', '.join(duplicates)}: rename one")
+        for host in self.hosts:  # fill inherited settings so readers see one value, and hashes agree
+            host.pool = host.pool or self.pool
+            host.network = host.network or self.network
+        return self
+
+    def host(self, name: str | None) -> KvmHost | None:
+        """The named host, the first one when `name` is None, None when the catalogue lacks it."""
+        if name is None:
+            return self.hosts[0]
+        return next((host for host in self.hosts if host.name == name), None)
+
+
+class LocalProvider(ProviderBase):
+    type: Literal["local"]
+    bind_address: str = Field("127.0.0.1", description="Listen address for proxies without a `local` block.")
+    state_dir: str | None = Field(None, description="Where process state and logs go; default a temp folder.")
+
+    @field_validator("bind_address")
+    @classmethod
+    def _ip_address(cls, value: str) -> str:
+        return ip_address_text(value)
+
+
+ProviderEntry = Annotated[
+    KubernetesProvider | GcpProvider | KvmProvider | LocalProvider, Field(discriminator="type")
+]
+
+
+class ProviderCatalogue(WireModel):
+    providers: list[ProviderEntry] = Field(default_factory=list)
+
+    @field_validator("providers")
+    @classmethod
+    def _unique_names(cls, value: list[ProviderEntry]) -> list[ProviderEntry]:
+        first: dict[str, int] = {}
+        for index, entry in enumerate(value):
+            if entry.name in first:
+                raise ValueError(
+                    f"providers[{first[entry.name]}] and providers[{index}] are both named "
+                    f"'{entry.name}': names must be unique, rename one"
+                )
+            first[entry.name] = index
+        return value
+
+    def get(self, name: str) -> ProviderEntry | None:
+        return next((entry for entry in self.providers if entry.name == name), None)
+
+    def names(self) -> list[str]:
+        return [entry.name for entry in self.providers]

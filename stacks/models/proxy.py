@@ -1,0 +1,167 @@
+"""The Proxy object (crawl.example.com/v1alpha1): metadata, spec and status."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from stacks.models.blocks import GcpProxySpec, KubernetesProxySpec, KvmProxySpec, LocalProxySpec
+from stacks.models.status import ProxyStatus
+from stacks.models.wire import (
+    API_VERSION,
+    KIND,
+    OPEN_PROXY_MESSAGE,
+    PROVIDER_TYPES,
+    Cidr,
+    Dns1123Label,
+    WireModel,
+    is_open_to_all,
+    normalise_cidr,
+)
+
+
+class Protocol(StrEnum):
+    http = "http"  # plain HTTP forwarding and CONNECT tunnels
+    socks5 = "socks5"
+
+
+class SecretRef(WireModel):
+    name: Dns1123Label = Field(description="Secret holding the keys `username` and `password`.")
+    namespace: Dns1123Label | None = Field(None, description="Defaults to the Proxy's namespace.")
+
+
+class AuthSpec(WireModel):
+    # CEL for the API server, mirroring `_secret_ref_matches_mode`.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.mode != 'secret' || has(self.secretRef)",
+                    "message": "auth.mode 'secret' needs auth.secretRef.name",
+                },
+                {
+                    "rule": "!has(self.secretRef) || self.mode == 'secret'",
+                    "message": "auth.secretRef is only read when auth.mode is 'secret'",
+                },
+            ]
+        }
+    )
+
+    mode: Literal["generated", "secret", "none"] = Field(
+        "generated", description="generated: the service makes credentials; secret: from secretRef; none."
+    )
+    secret_ref: SecretRef | None = Field(None, description="Required when mode is `secret`.")
+
+    @model_validator(mode="after")
+    def _secret_ref_matches_mode(self) -> AuthSpec:
+        if self.mode == "secret" and self.secret_ref is None:
+            raise ValueError(
+                "auth.mode 'secret' needs auth.secretRef.name: name the Secret that holds "
+                "`username` and `password`"
+            )
+        if self.mode != "secret" and self.secret_ref is not None:
+            raise ValueError(
+                f"auth.secretRef is only read when auth.mode is 'secret' (it is '{self.mode}'): "
+                "set mode to 'secret' or remove secretRef"
+            )
+        return self
+
+
+class ProxySpec(WireModel):
+    # CEL for the API server, mirroring the validators below (defaults are applied before these run).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.auth.mode != 'none' || (has(self.allowedSourceRanges) && "
+                    "size(self.allowedSourceRanges) > 0 && "
+                    "!self.allowedSourceRanges.exists(r, r.endsWith('/0')))",
+                    "message": OPEN_PROXY_MESSAGE,
+                },
+                {
+                    "rule": "[has(self.kubernetes), has(self.gcp), has(self.kvm), has(self.local)]"
+                    ".filter(x, x).size() <= 1",
+                    "message": "set at most one provider-type block",
+                },
+            ]
+        }
+    )
+
+    provider: Dns1123Label = Field(description="Name of a provider instance in the catalogue.")
+    port: int = Field(3128, ge=1, le=65535, description="Port the proxy listens on and publishes.")
+    protocol: Protocol = Protocol.http
+    pool: str | None = Field(None, min_length=1, max_length=63, description="Discovery pool; selects only.")
+    auth: AuthSpec = Field(default_factory=AuthSpec, json_schema_extra={"default": {}})
+    allowed_source_ranges: list[Cidr] = Field(
+        default_factory=list,
+        validate_default=True,
+        max_length=256,
+        description="CIDRs that may connect; empty means all.",
+    )
+    kubernetes: KubernetesProxySpec | None = None
+    gcp: GcpProxySpec | None = None
+    kvm: KvmProxySpec | None = None
+    local: LocalProxySpec | None = None
+
+    @field_validator("allowed_source_ranges")
+    @classmethod
+    def _cidrs_and_not_open(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        ranges = list(dict.fromkeys(normalise_cidr(item) for item in value))
+        auth = info.data.get("auth")
+        if isinstance(auth, AuthSpec) and auth.mode == "none" and is_open_to_all(ranges):
+            raise ValueError(OPEN_PROXY_MESSAGE)
+        return ranges
+
+    @model_validator(mode="after")
+    def _one_block(self) -> ProxySpec:
+        present = self.blocks_present()
+        if len(present) > 1:
+            raise ValueError(
+                f"set at most one provider-type block, found {', '.join(present)}: keep the one "
+                "matching the provider's type"
+            )
+        return self
+
+    def blocks_present(self) -> list[str]:
+        return [name for name in PROVIDER_TYPES if getattr(self, name) is not None]
+
+    def block_for(self, provider_type: str) -> Any:
+        """This proxy's settings for `provider_type`, defaults when the block is absent."""
+        defaults = {
+            "kubernetes": KubernetesProxySpec,
+            "gcp": GcpProxySpec,
+            "kvm": KvmProxySpec,
+            "local": LocalProxySpec,
+        }
+        return getattr(self, provider_type) or defaults[provider_type]()
+
+
+class ObjectMeta(WireModel):
+    # Kubernetes adds many fields (managedFields, ...); keep those we use and ignore the rest.
+    model_config = ConfigDict(extra="ignore")
+
+    name: Dns1123Label
+    namespace: Dns1123Label = "default"
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    uid: str | None = None
+    generation: int | None = None
+    resource_version: str | None = None
+    creation_timestamp: datetime | None = None
+    deletion_timestamp: datetime | None = None
+    finalizers: list[str] = Field(default_factory=list)
+
+
+class Proxy(WireModel):
+    api_version: Literal["crawl.example.com/v1alpha1"] = API_VERSION
+    kind: Literal["Proxy"] = KIND
+    metadata: ObjectMeta
+    spec: ProxySpec
+    status: ProxyStatus = Field(default_factory=ProxyStatus)
+
+    @property
+    def key(self) -> str:
+        return f"{self.metadata.namespace}/{self.metadata.name}"

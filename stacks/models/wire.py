@@ -1,0 +1,55 @@
+"""Shared pieces of the wire models: camelCase config, name and CIDR types, address helpers."""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "crawl.example.com"
+API_VERSION = f"{API_GROUP}/v1alpha1"
+KIND = "Proxy"
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+PROVIDER_TYPES = ("kubernetes", "gcp", "kvm", "local")
+OPEN_PROXY_MESSAGE = (
+    "auth.mode is 'none' and allowedSourceRanges lets the whole internet in: open proxies get abused within "
+    "hours; set auth.mode to 'generated' or 'secret', or narrow allowedSourceRanges to the crawlers' CIDRs"
+)
+# 3proxy in a small image, configured by env: PROXY_LOGIN, PROXY_PASSWORD, PROXY_PORT (HTTP), SOCKS_PORT.
+DEFAULT_KUBERNETES_IMAGE = "ghcr.io/tarampampam/3proxy:1.9.1"
+DEFAULT_GCP_IMAGE = "debian-cloud/debian-12"
+DEFAULT_KVM_BASE_IMAGE = "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-generic-amd64.qcow2"
+
+Dns1123Label = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS1123_LABEL)]
+# The CRD's check for a CIDR (the model parses it properly); bounded so the API server can cost CEL rules.
+CIDR_PATTERN = r"^([0-9]{1,3}(\.[0-9]{1,3}){3}|[0-9a-fA-F:.]*:[0-9a-fA-F:.]*)(/[0-9]{1,3})?$"
+Cidr = Annotated[str, Field(max_length=43, json_schema_extra={"pattern": CIDR_PATTERN})]
+
+
+class WireModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields refused."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+def ip_address_text(value: str) -> str:
+    """The canonical text of an IP address, or a ValueError saying how to write one."""
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        raise ValueError(f"'{value}' is not an IP address: use one such as 127.0.0.1") from None
+
+
+def normalise_cidr(value: str) -> str:
+    """`10.1.2.3/8` -> `10.0.0.0/8`, a bare address -> a /32 or /128."""
+    try:
+        return str(ipaddress.ip_network(value.strip(), strict=False))
+    except ValueError:
+        raise ValueError(f"'{value}' is not a CIDR: write it like 203.0.113.0/24 or 2001:db8::/32") from None
+
+
+def is_open_to_all(ranges: list[str]) -> bool:
+    """No ranges means open; a /0 range (IPv4 or IPv6) is the whole internet."""
+    return not ranges or any(ipaddress.ip_network(r).prefixlen == 0 for r in ranges)
