@@ -14,8 +14,15 @@ from collections.abc import Awaitable, Callable
 
 from automation.backoff import BackoffPolicy
 from automation.clock import Clock, MonotonicClock
-from automation.errors import PermanentError, ProxyOperatorError, Reason, TransientError, classify
-from automation.queue_state import ACTIVE_STATES, QueueState, StackEntry, StackQueueState
+from automation.errors import ProxyOperatorError, classify
+from automation.queue_state import (
+    ACTIVE_STATES,
+    QueueState,
+    StackEntry,
+    StackQueueState,
+    log_failure,
+    plan_after_failure,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -129,21 +136,16 @@ class WorkQueue:
 
     def _failed(self, entry: StackEntry, error: ProxyOperatorError) -> None:
         entry.record_failure(error)
-        _log_failure(entry, error)
-        if entry.follow_up and entry.follow_up_changed:
-            self._enqueue(entry)  # the input changed during the failed run: try the new input now
+        log_failure(entry, error)
+        plan = plan_after_failure(
+            entry, error, policy=self._policy, rng=self._rng, stall_after=self._stall_after
+        )
+        if plan.state is QueueState.QUEUED:
+            self._enqueue(entry)
             return
-        stalled = entry.consecutive_failures >= self._stall_after
-        if isinstance(error, PermanentError):
-            self._set(entry, QueueState.STALLED if stalled else QueueState.FAILED)
-            return
-        self._schedule_retry(entry, self._retry_delay(entry, error))
-        self._set(entry, QueueState.STALLED if stalled else QueueState.BACKOFF)
-
-    def _retry_delay(self, entry: StackEntry, error: ProxyOperatorError) -> float:
-        if isinstance(error, TransientError) and error.retry_after is not None:
-            return error.retry_after
-        return self._policy.delay(entry.consecutive_failures, self._rng)
+        if plan.retry_in is not None:
+            self._schedule_retry(entry, plan.retry_in)
+        self._set(entry, plan.state)
 
     def _schedule_retry(self, entry: StackEntry, delay: float) -> None:
         if self._closed:
@@ -229,12 +231,3 @@ class WorkQueue:
         for result in results:
             if isinstance(result, Exception):
                 logger.error("worker died", exc_info=result)
-
-
-def _log_failure(entry: StackEntry, error: ProxyOperatorError) -> None:
-    extra = {"stack": entry.stack, "reason": error.reason, "failures": entry.consecutive_failures}
-    if error.reason == Reason.UNEXPECTED:
-        # Not one of ours: a bug or an untranslated library error. Retried as transient, shown loudly.
-        logger.error("run failed unexpectedly: %s", error.message, extra=extra, exc_info=error.__cause__)
-    else:
-        logger.warning("run failed (%s): %s", error.reason, error.message, extra=extra)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
+import random
 from dataclasses import dataclass
 from enum import StrEnum
 
-from automation.errors import ProxyOperatorError
+from automation.backoff import BackoffPolicy
+from automation.errors import PermanentError, ProxyOperatorError, Reason, TransientError
+
+logger = logging.getLogger("automation.queue")  # failures are the queue's story: one logger name
 
 
 class QueueState(StrEnum):
@@ -93,3 +98,41 @@ class StackEntry:
             follow_up=self.follow_up,
             generation_hint=self.hint,
         )
+
+
+@dataclass(frozen=True)
+class FailurePlan:
+    """What follows a failed run: the next state, and the delay before a retry (None: no retry)."""
+
+    state: QueueState
+    retry_in: float | None = None
+
+
+def plan_after_failure(
+    entry: StackEntry,
+    error: ProxyOperatorError,
+    *,
+    policy: BackoffPolicy,
+    rng: random.Random,
+    stall_after: int,
+) -> FailurePlan:
+    """Decide the next step for a stack whose run just failed (its failure already recorded)."""
+    if entry.follow_up and entry.follow_up_changed:
+        return FailurePlan(QueueState.QUEUED)  # the input changed during the failed run: try it now
+    stalled = entry.consecutive_failures >= stall_after
+    if isinstance(error, PermanentError):
+        return FailurePlan(QueueState.STALLED if stalled else QueueState.FAILED)
+    if isinstance(error, TransientError) and error.retry_after is not None:
+        delay = error.retry_after
+    else:
+        delay = policy.delay(entry.consecutive_failures, rng)
+    return FailurePlan(QueueState.STALLED if stalled else QueueState.BACKOFF, retry_in=delay)
+
+
+def log_failure(entry: StackEntry, error: ProxyOperatorError) -> None:
+    extra = {"stack": entry.stack, "reason": error.reason, "failures": entry.consecutive_failures}
+    if error.reason == Reason.UNEXPECTED:
+        # Not one of ours: a bug or an untranslated library error. Retried as transient, shown loudly.
+        logger.error("run failed unexpectedly: %s", error.message, extra=extra, exc_info=error.__cause__)
+    else:
+        logger.warning("run failed (%s): %s", error.reason, error.message, extra=extra)
