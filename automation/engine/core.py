@@ -79,14 +79,17 @@ class Engine:
             stack.workspace.remove_stack(name)
         return OperationResult.from_summary(stack=name, kind="destroy", summary=result.summary)
 
-    def forget(self, name: str, components: list[str]) -> list[str]:
-        """Drop the named proxy components and their children from state; the real resources stay."""
+    def forget(self, name: str, components: list[str]) -> dict[str, list[str]]:
+        """Drop the named proxy components and their children from state; the real resources stay.
+
+        Returns the forgotten URNs per component name (empty lists where a component was not in state).
+        """
         if not self.exists(name):
-            return []
+            return {component: [] for component in components}
         with self._operation(name, "forget", create=False) as (stack, _events):
             deployment = stack.export_stack()
             edited, forgotten = remove_components(deployment.deployment, components)
-            if forgotten:
+            if any(forgotten.values()):
                 stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
             return forgotten
 

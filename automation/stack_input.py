@@ -1,0 +1,75 @@
+"""A stack plan turned into the program's input: JSON stack config, credentials, and the final hash."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from automation.engine import StackInput
+from automation.planner import StackPlan
+from stacks.models import Proxy
+from stacks.spec_hash import sha256_hex
+
+
+class CredentialSource(Protocol):
+    def credentials_for(self, proxy: Proxy) -> dict[str, str] | None: ...
+
+
+@dataclass(frozen=True)
+class ResolvedStack:
+    input: StackInput
+    skipped: dict[str, str] = field(default_factory=dict)  # key -> why it was left out
+
+
+def program_proxy(proxy: Proxy) -> dict[str, object]:
+    """One entry of `proxy-operator:proxies`, per the program's contract."""
+    return {
+        "namespace": proxy.metadata.namespace,
+        "name": proxy.metadata.name,
+        "labels": dict(proxy.metadata.labels),
+        "spec": proxy.spec.model_dump(by_alias=True, mode="json", exclude_none=True),
+    }
+
+
+def resolve_stack(plan: StackPlan, credentials: CredentialSource) -> ResolvedStack:
+    """Resolve Secret-backed credentials; a proxy whose Secret cannot be read is left out and reported.
+
+    The final hash covers the plan's hash and the resolved credentials, so rotating a Secret re-runs `up`.
+    """
+    assert plan.entry is not None, "plan a stack without a catalogue entry? the reconciler checks first"
+    secrets: dict[str, dict[str, str]] = {}
+    skipped: dict[str, str] = {}
+    included = []
+    for planned in plan.proxies:
+        proxy = planned.proxy
+        if proxy.spec.auth.mode == "secret":
+            found = credentials.credentials_for(proxy)
+            if not found:
+                ref = proxy.spec.auth.secret_ref
+                where = f"{ref.namespace or proxy.metadata.namespace}/{ref.name}" if ref else "?"
+                skipped[proxy.key] = (
+                    f"Secret {where} with keys `username` and `password` was not found: create it, "
+                    f"or use auth.mode: generated"
+                )
+                continue
+            secrets[proxy.key] = found
+        included.append(proxy)
+    proxies_json = json.dumps([program_proxy(p) for p in included], sort_keys=True, separators=(",", ":"))
+    credentials_json = json.dumps(secrets, sort_keys=True, separators=(",", ":"))
+    included_keys = {p.key for p in included}
+    final_hash = sha256_hex(
+        {
+            "plan": plan.spec_hash,
+            "left_out": sorted(k for k in (p.key for p in plan.proxies) if k not in included_keys),
+            "credentials": sha256_hex(secrets),
+        }
+    )
+    stack_input = StackInput(
+        name=plan.name,
+        provider_json=plan.entry.model_dump_json(by_alias=True),
+        proxies_json=proxies_json,
+        credentials_json=credentials_json,
+        spec_hash=final_hash,
+    )
+    return ResolvedStack(input=stack_input, skipped=skipped)

@@ -1,0 +1,85 @@
+"""The service's settings: one validated tree, every field documented with a safe default.
+
+Environment variables: `PROXY_OPERATOR_<FIELD>` (and `PROXY_OPERATOR_DISCOVERY_*`, `PROXY_OPERATOR_HEALTH_*`
+for the nested discovery and health settings). docs/operations.md describes each field.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from automation.backoff import BackoffPolicy
+from automation.engine import EngineConfig
+from service.settings import DiscoverySettings, HealthSettings
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="PROXY_OPERATOR_", extra="forbid")
+
+    state_dir: Path = Field(Path(".state"), description="Work directories, default backend, local proxies.")
+    backend_url: str | None = Field(
+        None,
+        description="PULUMI_BACKEND_URL: file://, s3://bucket?endpoint=..., gs://. Default: a "
+        "file:// folder under state_dir. Also read from PULUMI_BACKEND_URL.",
+    )
+    secrets_provider: str = Field("passphrase", description="`passphrase`, or a KMS URL (awskms://...).")
+    passphrase_file: Path | None = Field(
+        None,
+        description="File holding the secrets passphrase (a mounted Secret); else "
+        "PULUMI_CONFIG_PASSPHRASE; else one generated once into state_dir/passphrase.",
+    )
+    max_parallel: int = Field(4, ge=1, le=64, description="Stacks that run at the same time.")
+    stall_after: int = Field(3, ge=1, le=100, description="Consecutive failures before a stack is Stalled.")
+    backoff_base_seconds: float = Field(10.0, gt=0, description="First retry delay bound (full jitter).")
+    backoff_cap_seconds: float = Field(600.0, gt=0, description="Longest retry delay.")
+    resync_seconds: float = Field(
+        600.0, ge=0, description="Drift check of every stack this often (per-provider driftPolicy); 0: off."
+    )
+    poll_seconds: float = Field(1.0, gt=0, le=60, description="How often the manifests folder is checked.")
+    listen_host: str = Field("127.0.0.1", description="Address the API listens on.")
+    listen_port: int = Field(8080, ge=0, le=65535, description="Port of the API (0: any free port).")
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
+
+    def backoff(self) -> BackoffPolicy:
+        return BackoffPolicy(base=self.backoff_base_seconds, cap=self.backoff_cap_seconds)
+
+    def resolved_backend_url(self) -> str:
+        url = self.backend_url or os.environ.get("PULUMI_BACKEND_URL")
+        if url:
+            return url
+        folder = (self.state_dir / "backend").resolve()
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder.as_uri()
+
+    def passphrase(self) -> str | None:
+        if self.secrets_provider != "passphrase":
+            return None
+        if self.passphrase_file is not None:
+            return self.passphrase_file.read_text().rstrip("\n")
+        if "PULUMI_CONFIG_PASSPHRASE" in os.environ:
+            return os.environ["PULUMI_CONFIG_PASSPHRASE"]
+        return _generated_passphrase(self.state_dir / "passphrase")
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            backend_url=self.resolved_backend_url(),
+            state_dir=self.state_dir.resolve(),
+            secrets_provider=self.secrets_provider,
+            passphrase=self.passphrase(),
+        )
+
+
+def _generated_passphrase(path: Path) -> str:
+    """The embedded default: a passphrase made once and kept beside the state it protects."""
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()

@@ -1,0 +1,139 @@
+"""A folder of multi-document YAML as the source of desired state (GitOps without a cluster).
+
+Each poll compares the folder's fingerprint (paths, sizes, mtimes) and reloads on change. A Proxy that
+disappears (file or document removed) becomes a *deleting* record: it stays, with a deletion time, until the
+reconciler releases it once its resources are gone -- the same lifecycle as a finalizer in the cluster.
+Nothing is lost to a typo: a Proxy document that stops parsing keeps its previous version (and is reported),
+and a catalogue that stops parsing keeps the previous catalogue.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stacks.manifests import YAML_SUFFIXES, ManifestSet, load_manifests
+from stacks.models import ProviderCatalogue, Proxy
+from stacks.problems import Problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SourceChange:
+    """What one poll found; empty when nothing changed."""
+
+    catalogue: ProviderCatalogue | None = None  # set when the catalogue changed
+    upserts: list[Proxy] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.catalogue is None and not self.upserts
+
+
+@dataclass
+class DirectorySource:
+    directory: Path
+    now: Callable[[], datetime] = lambda: datetime.now(UTC)
+    _fingerprint: tuple[Any, ...] | None = None
+    _proxies: dict[str, Proxy] = field(default_factory=dict)
+    _catalogue: ProviderCatalogue | None = None
+    _secrets: dict[str, dict[str, str]] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    def poll(self) -> SourceChange:
+        """Reload if the folder changed; return what changed for the planner."""
+        if not self.directory.is_dir():
+            raise FileNotFoundError(f"manifests folder {self.directory} does not exist")
+        fingerprint = self._scan()
+        if fingerprint == self._fingerprint:
+            return SourceChange()
+        self._fingerprint = fingerprint
+        return self._reload(load_manifests(self.directory))
+
+    def release(self, key: str) -> None:
+        """The reconciler removed a deleting proxy's resources (or forgot them): drop the record."""
+        proxy = self._proxies.get(key)
+        if proxy is not None and proxy.metadata.deletion_timestamp is not None:
+            del self._proxies[key]
+
+    def proxies(self) -> list[Proxy]:
+        return list(self._proxies.values())
+
+    @property
+    def catalogue(self) -> ProviderCatalogue | None:
+        return self._catalogue
+
+    def credentials_for(self, proxy: Proxy) -> dict[str, str] | None:
+        ref = proxy.spec.auth.secret_ref
+        if ref is None:
+            return None
+        return self._secrets.get(f"{ref.namespace or proxy.metadata.namespace}/{ref.name}")
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _scan(self) -> tuple[Any, ...]:
+        files = sorted(p for p in self.directory.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
+        return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+
+    def _reload(self, found: ManifestSet) -> SourceChange:
+        change = SourceChange(problems=list(found.problems))
+        self.problems = change.problems
+        for problem in change.problems:
+            log.warning("manifest problem: %s", problem)
+        self._secrets = _load_secrets(self.directory)
+        if found.catalogue is not None and found.catalogue != self._catalogue and len(found.catalogues) == 1:
+            self._catalogue = change.catalogue = found.catalogue
+        elif found.catalogue is None and self._catalogue is None and not found.broken_catalogues:
+            self._catalogue = change.catalogue = ProviderCatalogue()
+        seen = {located.obj.key for located in found.proxies} | _unparsable_keys(found)
+        for located in found.proxies:
+            if self._proxies.get(located.obj.key) != located.obj:
+                self._proxies[located.obj.key] = located.obj
+                change.upserts.append(located.obj)
+        for key, proxy in list(self._proxies.items()):
+            if key not in seen and proxy.metadata.deletion_timestamp is None:
+                leaving = proxy.model_copy(deep=True)
+                leaving.metadata.deletion_timestamp = self.now()
+                self._proxies[key] = leaving
+                change.upserts.append(leaving)
+        return change
+
+
+def _unparsable_keys(found: ManifestSet) -> set[str]:
+    """Keys of Proxy documents that failed to parse: they keep their last version, they are not deleted."""
+    keys = set()
+    for problem in found.problems:
+        label = problem.obj or ""
+        if label.startswith("Proxy ") and not label.endswith("/?"):
+            keys.add(label.removeprefix("Proxy "))
+    return keys
+
+
+def _load_secrets(directory: Path) -> dict[str, dict[str, str]]:
+    """`kind: Secret` documents beside the Proxies: proxy credentials for auth.mode `secret`."""
+    found: dict[str, dict[str, str]] = {}
+    for path in sorted(p for p in directory.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file()):
+        try:
+            documents = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+        except (yaml.YAMLError, UnicodeDecodeError):
+            continue  # load_manifests reported it
+        for doc in documents:
+            if (
+                isinstance(doc, dict)
+                and doc.get("kind") == "Secret"
+                and isinstance(doc.get("metadata"), dict)
+            ):
+                meta = doc["metadata"]
+                data = {k: base64.b64decode(v).decode() for k, v in (doc.get("data") or {}).items()}
+                data.update(doc.get("stringData") or {})
+                found[f"{meta.get('namespace') or 'default'}/{meta.get('name')}"] = data
+    return found
