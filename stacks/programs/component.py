@@ -1,0 +1,127 @@
+"""The per-proxy component, the program's view of one proxy, and the names and labels that mark ownership.
+
+Every resource of a proxy sits under one `ComponentResource` named `ns/name`, so the automation layer can
+remove or forget one proxy's subtree on its own. Labels (or metadata) on every cloud resource name the
+managing service, the proxy and the stack, so orphans can be found with a label query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+
+from stacks.models import ProxySpec
+
+COMPONENT_TYPE = "proxy-operator:index:Proxy"
+MANAGED_BY = "proxy-operator"
+LABEL_PREFIX = "crawl.example.com"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+
+@dataclass(frozen=True)
+class ProgramProxy:
+    """One entry of the `proxy-operator:proxies` config list."""
+
+    namespace: str
+    name: str
+    spec: ProxySpec
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @classmethod
+    def from_config(cls, item: Mapping[str, Any]) -> ProgramProxy:
+        return cls(
+            namespace=item["namespace"],
+            name=item["name"],
+            labels=dict(item.get("labels") or {}),
+            spec=ProxySpec.model_validate(item["spec"]),
+        )
+
+
+@dataclass(frozen=True)
+class ProxyEndpoint:
+    """What the stack exports for one proxy: where to reach it and which instance serves it."""
+
+    host: pulumi.Input[str]
+    port: int
+    protocol: str
+    instance_id: pulumi.Input[str]
+
+    def to_output(self) -> pulumi.Output[dict[str, Any]]:
+        return pulumi.Output.all(self.host, self.instance_id).apply(
+            lambda values: {
+                "host": values[0],
+                "port": self.port,
+                "protocol": self.protocol,
+                "instanceId": values[1],
+            }
+        )
+
+
+class ProxyComponent(pulumi.ComponentResource):
+    """Parent of every resource of one proxy (type `proxy-operator:index:Proxy`, named `ns/name`)."""
+
+    def __init__(self, key: str, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__(COMPONENT_TYPE, key, None, opts)
+
+
+def child_opts(parent: pulumi.Resource, **kwargs: Any) -> pulumi.ResourceOptions:
+    return pulumi.ResourceOptions(parent=parent, **kwargs)
+
+
+def short_hash(text: str, length: int = 8) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def physical_name(prefix: str, proxy: ProgramProxy, max_length: int = 63) -> str:
+    """A DNS-1035 label (lowercase, starts with a letter) unique per proxy; long keys get a hash suffix."""
+    base = re.sub(r"[^a-z0-9-]+", "-", f"{prefix}-{proxy.namespace}-{proxy.name}".lower()).strip("-")
+    if len(base) <= max_length:
+        return base
+    suffix = short_hash(proxy.key)
+    return f"{base[: max_length - len(suffix) - 1].rstrip('-')}-{suffix}"
+
+
+def label_value(text: str, *, allowed: str = r"[^A-Za-z0-9_.-]", max_length: int = 63) -> str:
+    """Squeeze `text` into a label value; an over-long value keeps a hash so two proxies never collide."""
+    value = re.sub(allowed, "_", text)
+    if len(value) > max_length:
+        suffix = short_hash(text)
+        value = f"{value[: max_length - len(suffix) - 1]}-{suffix}"
+    return value.strip("_.-") or "x"
+
+
+def kubernetes_labels(proxy: ProgramProxy, stack: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        "app.kubernetes.io/name": "proxy",
+        f"{LABEL_PREFIX}/proxy-namespace": proxy.namespace,
+        f"{LABEL_PREFIX}/proxy-name": label_value(proxy.name),
+        f"{LABEL_PREFIX}/stack": label_value(stack),
+    }
+
+
+def gcp_labels(proxy: ProgramProxy, stack: str) -> dict[str, str]:
+    """GCP label values: lowercase letters, digits, `-` and `_`, at most 63 characters."""
+
+    def gcp_value(text: str) -> str:
+        return label_value(text.lower(), allowed=r"[^a-z0-9_-]")
+
+    return {
+        "managed-by": MANAGED_BY,
+        "proxy": gcp_value(f"{proxy.namespace}_{proxy.name}"),
+        "stack": gcp_value(stack),
+    }

@@ -1,0 +1,80 @@
+"""What a provider-type builder receives: per-proxy context (component, credentials) and program settings."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from stacks.programs.component import Credentials, ProgramProxy, ProxyComponent
+from stacks.programs.credentials import GeneratedCredentials
+from stacks.programs.proxy_config import check_credentials
+
+DEFAULT_KVM_SSH_DIR = "/etc/proxy-operator/kvm"
+
+
+@dataclass(frozen=True)
+class ProgramSettings:
+    stack: str
+    root_dir: str
+    provider_credentials: pulumi.Output[str] | None = None  # gcp key JSON or kubeconfig, a secret
+    kvm_ssh_dir: str = DEFAULT_KVM_SSH_DIR
+
+
+@dataclass(frozen=True)
+class OutputCredentials:
+    username: pulumi.Output[str]
+    password: pulumi.Output[str]
+
+    def to_output(self) -> pulumi.Output[dict[str, str]]:
+        return pulumi.Output.all(self.username, self.password).apply(
+            lambda values: {"username": values[0], "password": values[1]}
+        )
+
+
+@dataclass(frozen=True)
+class ProxyContext:
+    proxy: ProgramProxy
+    component: ProxyComponent
+    credentials: OutputCredentials | None
+
+
+class MissingCredentialsError(ValueError):
+    """A proxy with auth mode `secret` has no entry in the `proxy-operator:credentials` config."""
+
+
+def _from_secret_config(proxy: ProgramProxy, given: Mapping[str, Any]) -> OutputCredentials:
+    item = given.get(proxy.key)
+    if not item or not item.get("username") or not item.get("password"):
+        raise MissingCredentialsError(
+            f"{proxy.key}: auth.mode is 'secret' but proxy-operator:credentials has no username/password for "
+            "it; check that the Secret named in auth.secretRef exists and holds both keys"
+        )
+    creds = check_credentials(
+        Credentials(username=str(item["username"]), password=str(item["password"])),
+        where=f"{proxy.key} auth.secretRef",
+    )
+    return OutputCredentials(
+        username=pulumi.Output.secret(creds.username), password=pulumi.Output.secret(creds.password)
+    )
+
+
+def resolve_credentials(
+    proxy: ProgramProxy, component: ProxyComponent, given: Mapping[str, Any]
+) -> OutputCredentials | None:
+    mode = proxy.spec.auth.mode
+    if mode == "none":
+        return None
+    if mode == "secret":
+        return _from_secret_config(proxy, given)
+    generated = GeneratedCredentials(proxy.key, opts=pulumi.ResourceOptions(parent=component))
+    return OutputCredentials(username=generated.username, password=generated.password)
+
+
+def proxy_context(proxy: ProgramProxy, given_credentials: Mapping[str, Any]) -> ProxyContext:
+    component = ProxyComponent(proxy.key)
+    return ProxyContext(
+        proxy=proxy, component=component, credentials=resolve_credentials(proxy, component, given_credentials)
+    )

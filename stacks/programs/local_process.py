@@ -1,0 +1,153 @@
+"""Starting, recognising and stopping a detached pproxy process on this machine.
+
+A process is identified by its pid AND its start time (field 22 of /proc/<pid>/stat), so a pid that the
+kernel handed to some other program after ours died is never mistaken for our proxy, nor signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+READY_TIMEOUT = 15.0
+STOP_GRACE = 5.0
+POLL = 0.05
+
+
+class ProxyStartError(RuntimeError):
+    """The proxy process exited or never accepted connections."""
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    pid: int
+    start_time: int
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot; None when gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    if fields[0] == "Z":
+        _reap(pid)
+        return None
+    return int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):  # not our child: its parent (or init) reaps it
+        os.waitpid(pid, os.WNOHANG)
+
+
+def is_running(ref: ProcessRef) -> bool:
+    return start_time(ref.pid) == ref.start_time
+
+
+def pproxy_command(*, scheme: str, bind: str, port: int, auth_file: Path | None) -> list[str]:
+    host = f"[{bind}]" if ":" in bind else bind
+    listen = f"{scheme}://{host}:{port}"
+    if auth_file is not None:
+        # `##path` makes pproxy read `user:pass` from a file, keeping the password out of /proc/*/cmdline.
+        if "__" in str(auth_file):
+            raise ValueError(f"{auth_file}: pproxy splits its URI at '__'; choose a state_dir without it")
+        listen += f"##{auth_file}"
+    # --auth=-1: pproxy otherwise trusts an address for 30 days after one good login, without asking again.
+    return [sys.executable, "-m", "pproxy", "-l", listen, "--auth=-1"]
+
+
+def spawn(command: list[str], *, log_path: Path) -> ProcessRef:
+    """Start `command` in its own session (it outlives the Pulumi provider), output to `log_path`."""
+    with open(log_path, "ab") as log, open(os.devnull, "rb") as devnull:
+        actions = [
+            (os.POSIX_SPAWN_DUP2, devnull.fileno(), 0),
+            (os.POSIX_SPAWN_DUP2, log.fileno(), 1),
+            (os.POSIX_SPAWN_DUP2, log.fileno(), 2),
+        ]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the log shows pproxy's lines as they happen
+        pid = os.posix_spawn(command[0], command, env, file_actions=actions, setsid=True)
+    started = start_time(pid)
+    if started is None:
+        raise ProxyStartError(f"{command[0]} exited at once; see {log_path}")
+    return ProcessRef(pid=pid, start_time=started)
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def probe_host(bind: str) -> str:
+    """Where to knock to see the listener: a wildcard bind answers on loopback."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports on which `pid` itself holds a listening socket (from /proc, no external tools)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def wait_until_listening(
+    ref: ProcessRef,
+    *,
+    host: str,
+    port: int,
+    log_path: Path,
+    log_offset: int = 0,
+    timeout: float = READY_TIMEOUT,
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not is_running(ref):
+            raise ProxyStartError(f"pproxy exited before listening on {host}:{port}: {_tail(log_path)}")
+        if port in listening_ports(ref.pid) and _accepts(host, port):
+            return
+        time.sleep(POLL)
+    stop(ref)
+    raise ProxyStartError(f"pproxy did not listen on {host}:{port} within {timeout:.0f}s: {_tail(log_path)}")
+
+
+def stop(ref: ProcessRef, *, grace: float = STOP_GRACE) -> None:
+    """SIGTERM, then SIGKILL after `grace`; a process that is not ours (or gone) is left alone."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        if not is_running(ref):
+            return
+        try:
+            os.kill(ref.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and is_running(ref):
+            time.sleep(POLL)
+
+
+def _tail(path: Path, limit: int = 600) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:].strip() or "(log empty)"
+    except OSError:
+        return "(no log)"

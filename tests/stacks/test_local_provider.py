@@ -1,0 +1,173 @@
+"""The `local` provider type through the real Pulumi engine, with real pproxy processes on loopback.
+
+`up` starts a proxy that the test uses, with the stack's credentials, to fetch a page from a loopback HTTP
+server (and is refused without them); `destroy` stops it; a killed process comes back with `refresh` + `up`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from pulumi import automation as auto
+
+from stacks.programs import local_process as proc
+from stacks.programs.local import LocalProxyProvider
+from tests.conftest import ROOT, PulumiEnv
+
+PAGE = b"hello through the proxy\n"
+KEY = "crawl/alpha"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class _Page(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PAGE)))
+        self.end_headers()
+        self.wfile.write(PAGE)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def origin() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
+    thread = threading.Thread(target=server.serve_forever, name="origin", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+def _refs(stack: auto.Stack) -> list[proc.ProcessRef]:
+    resources = stack.export_stack().deployment.get("resources", [])
+    outputs = [r.get("outputs", {}) for r in resources if r["type"].endswith(":LocalProxy")]
+    return [proc.ProcessRef(pid=o["pid"], start_time=o["start_time"]) for o in outputs if o.get("pid")]
+
+
+@pytest.fixture
+def local_stack(
+    pulumi_env: PulumiEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[auto.Stack]:
+    # The dynamic provider process runs in stacks/ and unpickles stacks.programs.local by reference: the
+    # editable install of `make install` makes it importable, PYTHONPATH covers a venv without it.
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "Pulumi.yaml").write_text(f"name: proxy-operator\nruntime: python\nmain: {ROOT / 'stacks'}\n")
+    stack = auto.create_or_select_stack(stack_name="local-test", work_dir=str(work))
+    entry = {"name": "local-test", "type": "local", "stateDir": str(tmp_path / "state")}
+    proxy = {
+        "namespace": "crawl",
+        "name": "alpha",
+        "labels": {},
+        "spec": {"provider": "local-test", "port": free_port()},
+    }
+    stack.set_config("proxy-operator:provider", auto.ConfigValue(json.dumps(entry)))
+    stack.set_config("proxy-operator:proxies", auto.ConfigValue(json.dumps([proxy])))
+    try:
+        yield stack
+    finally:
+        leftovers = _refs(stack)
+        stack.destroy()
+        for ref in leftovers:  # a failed destroy must not leave a proxy running
+            proc.stop(ref, grace=1)
+
+
+def _fetch(url: str, *, proxy: str) -> httpx.Response:
+    with httpx.Client(proxy=proxy, timeout=5) as client:
+        return client.get(url)
+
+
+def _proxy_urls(up: auto.UpResult) -> tuple[str, str]:
+    endpoint = up.outputs["proxies"].value[KEY]
+    creds = up.outputs["credentials"].value[KEY]
+    plain = f"http://{endpoint['host']}:{endpoint['port']}"
+    return plain, plain.replace("://", f"://{creds['username']}:{creds['password']}@")
+
+
+@pytest.mark.engine
+def test_up_serves_with_credentials_and_destroy_stops(local_stack: auto.Stack, origin: str) -> None:
+    up = local_stack.up()
+    assert up.outputs["credentials"].secret
+    plain, authed = _proxy_urls(up)
+
+    response = _fetch(origin, proxy=authed)
+    assert (response.status_code, response.content) == (200, PAGE)
+    assert _fetch(origin, proxy=plain).status_code == 407
+    # A second anonymous try is refused too: pproxy must not trust the address after one good login.
+    assert _fetch(origin, proxy=plain).status_code == 407
+
+    [ref] = _refs(local_stack)
+    local_stack.destroy()
+    assert not proc.is_running(ref)
+    with pytest.raises(httpx.ConnectError):
+        _fetch(origin, proxy=authed)
+
+
+@pytest.mark.engine
+def test_killed_process_comes_back_with_refresh_and_up(local_stack: auto.Stack, origin: str) -> None:
+    first = local_stack.up()
+    [before] = _refs(local_stack)
+    os.kill(before.pid, signal.SIGKILL)
+
+    local_stack.refresh()
+    assert _refs(local_stack) == []  # read reported it gone
+    second = local_stack.up()
+
+    [after] = _refs(local_stack)
+    assert after != before
+    assert proc.is_running(after)
+    # Generated credentials live in state, so the new process takes the same ones.
+    assert second.outputs["credentials"].value == first.outputs["credentials"].value
+    _, authed = _proxy_urls(second)
+    assert _fetch(origin, proxy=authed).status_code == 200
+
+
+def test_read_reports_a_reused_pid_as_gone() -> None:
+    me = proc.ProcessRef(pid=os.getpid(), start_time=proc.start_time(os.getpid()) or 0)
+    provider = LocalProxyProvider()
+    assert provider.read("x", {"pid": me.pid, "start_time": me.start_time}).id == "x"
+    # Same pid, other start time: a different process now owns the pid.
+    assert provider.read("x", {"pid": me.pid, "start_time": me.start_time + 1}).id == ""
+
+
+def test_diff_replaces_on_listener_or_credential_change() -> None:
+    olds = {"bind_address": "127.0.0.1", "port": 3128, "protocol": "http", "username": "u", "password": "p"}
+    provider = LocalProxyProvider()
+    assert provider.diff("x", olds, dict(olds)).changes is False
+    for key, value in (
+        ("port", 3129),
+        ("protocol", "socks5"),
+        ("bind_address", "0.0.0.0"),
+        ("password", "q"),
+    ):
+        result = provider.diff("x", olds, {**olds, key: value})
+        assert result.replaces == [key]
+        assert result.delete_before_replace
+
+
+def test_start_failure_names_the_cause(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        props = {"state_dir": str(tmp_path), "stem": "busy", "bind_address": "127.0.0.1", "port": port}
+        with pytest.raises(proc.ProxyStartError, match="exited before listening"):
+            LocalProxyProvider().create({**props, "protocol": "http", "username": None})
