@@ -1,0 +1,58 @@
+"""`create_app`: the FastAPI app over collaborators passed in explicitly (nothing global)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+
+from service.api.deps import ApiContext, ReadyCheck, StackInspector
+from service.api.errors import install_error_handlers
+from service.api.metrics import ApiMetrics
+from service.api.middleware import RequestIdMiddleware
+from service.api.routers import echo, leases, probes, proxies, reports, stacks
+from service.auth import TokenAuthenticator
+from service.discovery.service import DiscoveryService
+from service.inventory import Inventory
+
+DESCRIPTION = (
+    "Lease healthy forward proxies for crawling: least recently used among eligible proxies, per-client and "
+    "per-target cooldowns, per-target ban penalties with full-jitter backoff, sticky sessions. "
+    "See docs/api.md."
+)
+
+
+def create_app(
+    *,
+    inventory: Inventory,
+    discovery: DiscoveryService,
+    authenticator: TokenAuthenticator,
+    registry: CollectorRegistry | None = None,
+    stack_inspector: StackInspector | None = None,
+    ready_checks: Sequence[ReadyCheck] = (),
+    lifespan: Any = None,
+) -> FastAPI:
+    """Build the app. `registry` should be the one the health engine's metrics use, so /metrics shows both."""
+    registry = registry or CollectorRegistry()
+    app = FastAPI(
+        title="proxy-operator discovery API",
+        version="v1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.context = ApiContext(
+        inventory=inventory,
+        discovery=discovery,
+        authenticator=authenticator,
+        registry=registry,
+        metrics=ApiMetrics(registry),
+        stacks=stack_inspector,
+        ready_checks=ready_checks,
+    )
+    install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
+    for module in (probes, echo, proxies, leases, reports, stacks):
+        app.include_router(module.router)
+    return app

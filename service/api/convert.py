@@ -1,0 +1,82 @@
+"""Inventory and store values -> API bodies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+from service.api.models import HealthOut, LeasedProxy, PenaltyOut, ProxyDetail, ProxyOut
+from service.discovery.store import LeaseRecord, Penalty
+from service.inventory import Health, ProxyEndpoint
+
+
+def timestamp(seconds: float) -> datetime:
+    return datetime.fromtimestamp(seconds, tz=UTC)
+
+
+def proxy_url(endpoint: ProxyEndpoint) -> str:
+    host = f"[{endpoint.host}]" if endpoint.host and ":" in endpoint.host else endpoint.host
+    auth = ""
+    if endpoint.username is not None:
+        auth = f"{quote(endpoint.username, safe='')}:{quote(endpoint.password or '', safe='')}@"
+    return f"{endpoint.protocol}://{auth}{host}:{endpoint.port}"
+
+
+def health_out(health: Health) -> HealthOut:
+    return HealthOut(
+        state=health.state.value,
+        egress_ip=health.egress_ip,
+        consecutive_failures=health.consecutive_failures,
+        consecutive_successes=health.consecutive_successes,
+        last_probe_at=timestamp(health.last_probe_at) if health.last_probe_at is not None else None,
+        last_latency_seconds=health.last_latency_seconds,
+        last_error=health.last_error,
+    )
+
+
+def proxy_out(endpoint: ProxyEndpoint, *, health: Health, shared: Mapping[str, list[str]]) -> ProxyOut:
+    others = [k for k in shared.get(health.egress_ip or "", []) if k != endpoint.key]
+    return ProxyOut(
+        key=endpoint.key,
+        namespace=endpoint.namespace,
+        name=endpoint.name,
+        provider=endpoint.provider,
+        pool=endpoint.pool,
+        labels=dict(endpoint.labels),
+        protocol=endpoint.protocol,
+        host=endpoint.host,
+        port=endpoint.port,
+        stack=endpoint.stack,
+        health=health_out(health),
+        shared_egress_with=others,
+    )
+
+
+def proxy_detail(base: ProxyOut, penalties: list[Penalty]) -> ProxyDetail:
+    return ProxyDetail(
+        **base.model_dump(),
+        penalties=[
+            PenaltyOut(target=p.target, until=timestamp(p.until), strikes=p.strikes) for p in penalties
+        ],
+    )
+
+
+def leased(lease: LeaseRecord, *, endpoint: ProxyEndpoint, health: Health) -> LeasedProxy:
+    # only addressed proxies are candidates
+    assert endpoint.host is not None
+    assert endpoint.port is not None
+    return LeasedProxy(
+        lease_id=lease.lease_id,
+        expires_at=timestamp(lease.expires_at),
+        key=endpoint.key,
+        url=proxy_url(endpoint),
+        host=endpoint.host,
+        port=endpoint.port,
+        protocol="socks5" if endpoint.protocol == "socks5" else "http",
+        username=endpoint.username,
+        password=endpoint.password,
+        pool=endpoint.pool,
+        provider=endpoint.provider,
+        egress_ip=health.egress_ip,
+    )

@@ -1,0 +1,89 @@
+"""Dependencies shared by the routers, as `Annotated` aliases: the context and the authenticated client."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Protocol
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CollectorRegistry
+
+from service.api.errors import ApiError
+from service.api.metrics import ApiMetrics
+from service.auth import Client, Scope, TokenAuthenticator
+from service.discovery.service import DiscoveryService
+from service.inventory import Inventory
+
+ReadyCheck = Callable[[], Awaitable[str | None]]  # returns why not ready, or None
+REALM = 'Bearer realm="proxy-operator"'
+
+
+class StackInspector(Protocol):
+    """What `/v1/stacks` shows; the same inspection as the CLI (the lead wires the real one)."""
+
+    def list_stacks(self) -> Sequence[Any] | Awaitable[Sequence[Any]]: ...
+
+    def get_stack(self, name: str) -> Any | Awaitable[Any]: ...
+
+
+@dataclass
+class ApiContext:
+    inventory: Inventory
+    discovery: DiscoveryService
+    authenticator: TokenAuthenticator
+    registry: CollectorRegistry
+    metrics: ApiMetrics
+    stacks: StackInspector | None = None
+    ready_checks: Sequence[ReadyCheck] = field(default_factory=tuple)
+
+
+def get_context(request: Request) -> ApiContext:
+    return request.app.state.context  # type: ignore[no-any-return]
+
+
+Context = Annotated[ApiContext, Depends(get_context)]
+_bearer = HTTPBearer(auto_error=False, description="A token from the tokens file; scopes lease/report/admin.")
+
+
+def _client(request: Request, credentials: HTTPAuthorizationCredentials | None) -> Client:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise ApiError(
+            401, "unauthorized", "send Authorization: Bearer <token>", headers={"WWW-Authenticate": REALM}
+        )
+    client = get_context(request).authenticator.authenticate(credentials.credentials)
+    if client is None:
+        raise ApiError(
+            401,
+            "unauthorized",
+            "unknown token",
+            headers={"WWW-Authenticate": f'{REALM}, error="invalid_token"'},
+        )
+    return client
+
+
+def require(*scopes: Scope) -> Callable[..., Client]:
+    """A dependency that authenticates and demands one of `scopes`."""
+    wanted = " ".join(s.value for s in scopes)
+
+    def dependency(
+        request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+    ) -> Client:
+        client = _client(request, credentials)
+        if not client.scopes.intersection(scopes):
+            raise ApiError(
+                403,
+                "forbidden",
+                f"client {client.name!r} lacks scope {wanted!r}",
+                headers={"WWW-Authenticate": f'{REALM}, error="insufficient_scope", scope="{wanted}"'},
+            )
+        return client
+
+    return dependency
+
+
+LeaseClient = Annotated[Client, Depends(require(Scope.lease))]
+ReportClient = Annotated[Client, Depends(require(Scope.report))]
+ReaderClient = Annotated[Client, Depends(require(Scope.lease, Scope.report, Scope.admin))]
+AdminClient = Annotated[Client, Depends(require(Scope.admin))]

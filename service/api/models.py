@@ -1,0 +1,171 @@
+"""Request and response bodies of the discovery API (camelCase on the wire, unknown fields refused)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+_DOMAIN = re.compile(r"^(\*|([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*)$")
+TARGET_HELP = "a domain such as example.com (no scheme, port or path), or * for any"
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
+LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
+LabelValue = Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9._-]*$")]
+
+
+def normalise_target(value: str | None) -> str | None:
+    if value is None:
+        return None
+    target = value.strip().lower().rstrip(".")
+    if len(target) > 253 or not _DOMAIN.match(target):
+        raise ValueError(f"target must be {TARGET_HELP}; got {value!r}")
+    return target
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
+
+
+class LeaseBody(_In):
+    count: int = Field(1, ge=1, le=1000, description="How many distinct proxies (at most; see docs).")
+    pool: Name | None = Field(None, description="Only proxies of this pool.")
+    provider: Name | None = Field(None, description="Only proxies of this provider instance.")
+    labels: dict[LabelKey, LabelValue] = Field(
+        default_factory=dict, description="Only proxies with all these."
+    )
+    target: str | None = Field(None, description=f"The site the proxies are for: {TARGET_HELP}.")
+    session: str | None = Field(
+        None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$", description="Sticky session name."
+    )
+    strict: bool = Field(False, description="With a session: fail (409) instead of re-binding.")
+    ttl: float | None = Field(None, gt=0, le=86400, description="Lease lifetime in seconds.")
+    wait: float = Field(
+        0, ge=0, le=30, description="Seconds to wait for a proxy instead of an immediate 503."
+    )
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str | None) -> str | None:
+        return normalise_target(value)
+
+    @model_validator(mode="after")
+    def _session_binds_one(self) -> LeaseBody:
+        if self.session is not None and self.count != 1:
+            raise ValueError("a session binds one proxy: send count 1 (or leave it out) with a session")
+        if self.strict and self.session is None:
+            raise ValueError("strict applies to sessions: send a session with strict, or drop strict")
+        return self
+
+
+class LeasedProxy(_Out):
+    lease_id: str
+    expires_at: datetime
+    key: str
+    url: str = Field(description="Ready for a client's proxy setting; credentials included.")
+    host: str
+    port: int
+    protocol: Literal["http", "socks5"]
+    username: str | None
+    password: str | None
+    pool: str | None
+    provider: str
+    egress_ip: str | None
+
+
+class LeaseResponse(_Out):
+    leases: list[LeasedProxy]
+    target: str
+    session: str | None = None
+    rebound: bool = Field(False, description="True when the session's previous proxy was replaced.")
+    previous_proxy: str | None = None
+
+
+class ReportBody(_In):
+    lease: str | None = Field(None, min_length=1, max_length=128, description="The lease id (preferred).")
+    proxy: str | None = Field(
+        None, min_length=3, max_length=507, description="Or the proxy key namespace/name."
+    )
+    target: str | None = Field(None, description=f"Defaults to the lease's target: {TARGET_HELP}.")
+    outcome: Literal["ok", "banned", "error"]
+    status_code: int | None = Field(None, ge=100, le=599, description="The HTTP status the target answered.")
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str | None) -> str | None:
+        return normalise_target(value)
+
+    @model_validator(mode="after")
+    def _one_subject(self) -> ReportBody:
+        if (self.lease is None) == (self.proxy is None):
+            raise ValueError("send exactly one of lease (a lease id) or proxy (namespace/name)")
+        return self
+
+
+class ReportResponse(_Out):
+    proxy: str
+    target: str
+    outcome: str
+    penalised_until: datetime | None = None
+    strikes: int | None = None
+
+
+class HealthOut(_Out):
+    state: Literal["unknown", "healthy", "unhealthy"]
+    egress_ip: str | None
+    consecutive_failures: int
+    consecutive_successes: int
+    last_probe_at: datetime | None
+    last_latency_seconds: float | None
+    last_error: str | None
+
+
+class PenaltyOut(_Out):
+    target: str
+    until: datetime
+    strikes: int
+
+
+class ProxyOut(_Out):
+    key: str
+    namespace: str
+    name: str
+    provider: str
+    pool: str | None
+    labels: dict[str, str]
+    protocol: str
+    host: str | None
+    port: int | None
+    stack: str | None
+    health: HealthOut
+    shared_egress_with: list[str] = Field(description="Other proxies leaving through the same egress IP.")
+
+
+class ProxyDetail(ProxyOut):
+    penalties: list[PenaltyOut] = Field(description="Targets this proxy is banned for, and until when.")
+
+
+class SharedEgress(_Out):
+    ip: str
+    proxies: list[str]
+
+
+class ProxyList(_Out):
+    items: list[ProxyOut]
+    count: int
+    shared_egress: list[SharedEgress]
+
+
+class Status(_Out):
+    status: str
+
+
+class Echo(_Out):
+    ip: str = Field(description="The address this request came from (through a proxy: its egress IP).")
+    port: int | None
