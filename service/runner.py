@@ -1,0 +1,90 @@
+"""What the CLI's `up` and `serve` do, as functions the tests call too."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from automation.engine import Engine
+from automation.queue_state import QueueState
+from service.config import OperatorSettings
+from service.controller import Controller
+from service.inventory import Inventory
+from service.sources.directory import DirectorySource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ApplyReport:
+    """What one `up` pass did: per stack its queue state, per proxy its address or problem."""
+
+    stacks: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors and not self.problems
+
+
+def build_controller(
+    settings: OperatorSettings, manifests: Path, *, inventory: Inventory | None = None
+) -> Controller:
+    return Controller(
+        settings=settings,
+        engine=Engine(settings.engine_config()),
+        source=DirectorySource(manifests),
+        inventory=inventory or Inventory(),
+    )
+
+
+async def apply_once(settings: OperatorSettings, manifests: Path) -> ApplyReport:
+    """Reconcile the folder once: every stack it changes, and every stack it empties, then return."""
+    controller = build_controller(settings, manifests)
+    try:
+        await controller.start()
+        await _settle(controller)
+        return _report(controller)
+    finally:
+        await controller.close()
+
+
+async def _settle(controller: Controller) -> None:
+    """Drain the queue, including the follow-up runs that releases (deletions) trigger."""
+    while True:
+        await controller.queue.drain()
+        if not controller.sync():
+            return
+
+
+def _report(controller: Controller) -> ApplyReport:
+    report = ApplyReport(problems=[str(p) for p in controller.source.problems])
+    for name, state in controller.queue.states().items():
+        report.stacks[name] = str(state.state)
+        if state.state in (QueueState.FAILED, QueueState.STALLED, QueueState.BACKOFF) and state.last_error:
+            report.errors[name] = f"{state.last_error.reason}: {state.last_error.message}"
+    for key, error in controller.planner.rejected.items():
+        report.errors[key] = f"{error.reason}: {error.message}"
+    for endpoint in controller.inventory.endpoints():
+        if endpoint.has_address:
+            report.addresses[endpoint.key] = f"{endpoint.protocol}://{endpoint.host}:{endpoint.port}"
+    return report
+
+
+def install_stop_signals(stop: asyncio.Event) -> Callable[[], None]:
+    """First Ctrl-C / SIGTERM: stop cleanly (running pulumi operations get SIGINT and cancel)."""
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+
+    def remove() -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+
+    return remove
