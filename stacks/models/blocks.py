@@ -16,7 +16,7 @@ from stacks.models.wire import (
 
 
 class KubernetesProxySpec(WireModel):
-    image: str = Field(DEFAULT_KUBERNETES_IMAGE, min_length=1, description="Proxy container image.")
+    image: str = Field(default=DEFAULT_KUBERNETES_IMAGE, min_length=1, description="Proxy container image.")
     service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
     resources: dict[str, dict[str, str]] = Field(
         default_factory=lambda: {
@@ -36,24 +36,26 @@ class KubernetesProxySpec(WireModel):
 
 
 class GcpProxySpec(WireModel):
-    machine_type: str = Field("e2-micro", min_length=1)
-    zone: str | None = Field(None, description="Defaults to the catalogue entry's zone.")
+    machine_type: str = Field(default="e2-micro", min_length=1)
+    zone: str | None = Field(default=None, description="Defaults to the catalogue entry's zone.")
     preemptible: bool = False
     address_type: Literal["ephemeral", "static"] = "ephemeral"
-    image: str = Field(DEFAULT_GCP_IMAGE, min_length=1, description="Boot image (family or self link).")
+    image: str = Field(
+        default=DEFAULT_GCP_IMAGE, min_length=1, description="Boot image (family or self link)."
+    )
 
 
 class KvmProxySpec(WireModel):
     host: Dns1123Label | None = Field(
-        None, description="A host name of the kvm catalogue entry; default the first."
+        default=None, description="A host name of the kvm catalogue entry; default the first."
     )
-    vcpus: int = Field(1, ge=1, le=64)
-    memory_mib: int = Field(512, ge=256, le=262144)
-    disk_gib: int = Field(10, ge=3, le=2048)
+    vcpus: int = Field(default=1, ge=1, le=64)
+    memory_mib: int = Field(default=512, ge=256, le=262144)
+    disk_gib: int = Field(default=10, ge=3, le=2048)
 
 
 class LocalProxySpec(WireModel):
-    bind_address: str = Field("127.0.0.1", description="Address the proxy process listens on.")
+    bind_address: str = Field(default="127.0.0.1", description="Address the proxy process listens on.")
 
     @field_validator("bind_address")
     @classmethod

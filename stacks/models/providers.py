@@ -14,15 +14,16 @@ from stacks.models.wire import DEFAULT_KVM_BASE_IMAGE, Dns1123Label, WireModel, 
 class ProviderBase(WireModel):
     name: Dns1123Label = Field(description="Unique name; Proxies select it with spec.provider.")
     drift_policy: Literal["correct", "detect"] = Field(
-        "detect", description="detect: report drift only; correct: refresh and up to restore the spec."
+        default="detect",
+        description="detect: report drift only; correct: refresh and up to restore the spec.",
     )
 
 
 class KubernetesProvider(ProviderBase):
     type: Literal["kubernetes"]
-    namespace: Dns1123Label = Field("proxies", description="Namespace the proxy Deployments run in.")
+    namespace: Dns1123Label = Field(default="proxies", description="Namespace the proxy Deployments run in.")
     kubeconfig_secret: Dns1123Label | None = Field(
-        None, description="Secret with key `kubeconfig` for another cluster; absent = this cluster."
+        default=None, description="Secret with key `kubeconfig` for another cluster; absent = this cluster."
     )
 
 
@@ -33,7 +34,8 @@ class GcpProvider(ProviderBase):
     zone: str = Field(pattern=r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
     network: str = "default"
     credentials_secret: Dns1123Label | None = Field(
-        None, description="Secret with key `credentials.json` (service-account key); absent = ambient."
+        default=None,
+        description="Secret with key `credentials.json` (service-account key); absent = ambient.",
     )
 
     @model_validator(mode="after")
@@ -51,8 +53,8 @@ KVM_URI_SHAPE = "qemu+ssh://user@host[:port]/system"
 class KvmHost(WireModel):
     name: Dns1123Label
     uri: str = Field(description=f"libvirt URI over SSH, {KVM_URI_SHAPE}.")
-    pool: str | None = Field(None, description="Storage pool; defaults to the entry's pool.")
-    network: str | None = Field(None, description="libvirt network; defaults to the entry's network.")
+    pool: str | None = Field(default=None, description="Storage pool; defaults to the entry's pool.")
+    network: str | None = Field(default=None, description="libvirt network; defaults to the entry's network.")
 
     @field_validator("uri")
     @classmethod
@@ -73,9 +75,11 @@ class KvmProvider(ProviderBase):
     pool: str = "default"
     network: str = "default"
     ssh_secret: Dns1123Label = Field(
-        "kvm-ssh", description="Secret with keys `id_ed25519` (private key) and `known_hosts`."
+        default="kvm-ssh", description="Secret with keys `id_ed25519` (private key) and `known_hosts`."
     )
-    base_image: str = Field(DEFAULT_KVM_BASE_IMAGE, min_length=1, description="Cloud image URL or path.")
+    base_image: str = Field(
+        default=DEFAULT_KVM_BASE_IMAGE, min_length=1, description="Cloud image URL or path."
+    )
 
     @model_validator(mode="after")
     def _unique_hosts_and_defaults(self) -> KvmProvider:
@@ -97,8 +101,12 @@ class KvmProvider(ProviderBase):
 
 class LocalProvider(ProviderBase):
     type: Literal["local"]
-    bind_address: str = Field("127.0.0.1", description="Listen address for proxies without a `local` block.")
-    state_dir: str | None = Field(None, description="Where process state and logs go; default a temp folder.")
+    bind_address: str = Field(
+        default="127.0.0.1", description="Listen address for proxies without a `local` block."
+    )
+    state_dir: str | None = Field(
+        default=None, description="Where process state and logs go; default a temp folder."
+    )
 
     @field_validator("bind_address")
     @classmethod

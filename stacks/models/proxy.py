@@ -30,7 +30,7 @@ class Protocol(StrEnum):
 
 class SecretRef(WireModel):
     name: Dns1123Label = Field(description="Secret holding the keys `username` and `password`.")
-    namespace: Dns1123Label | None = Field(None, description="Defaults to the Proxy's namespace.")
+    namespace: Dns1123Label | None = Field(default=None, description="Defaults to the Proxy's namespace.")
 
 
 class AuthSpec(WireModel):
@@ -51,9 +51,10 @@ class AuthSpec(WireModel):
     )
 
     mode: Literal["generated", "secret", "none"] = Field(
-        "generated", description="generated: the service makes credentials; secret: from secretRef; none."
+        default="generated",
+        description="generated: the service makes credentials; secret: from secretRef; none.",
     )
-    secret_ref: SecretRef | None = Field(None, description="Required when mode is `secret`.")
+    secret_ref: SecretRef | None = Field(default=None, description="Required when mode is `secret`.")
 
     @model_validator(mode="after")
     def _secret_ref_matches_mode(self) -> AuthSpec:
@@ -91,10 +92,14 @@ class ProxySpec(WireModel):
     )
 
     provider: Dns1123Label = Field(description="Name of a provider instance in the catalogue.")
-    port: int = Field(3128, ge=1, le=65535, description="Port the proxy listens on and publishes.")
+    port: int = Field(default=3128, ge=1, le=65535, description="Port the proxy listens on and publishes.")
     protocol: Protocol = Protocol.http
-    pool: str | None = Field(None, min_length=1, max_length=63, description="Discovery pool; selects only.")
-    auth: AuthSpec = Field(default_factory=AuthSpec, json_schema_extra={"default": {}})
+    pool: str | None = Field(
+        default=None, min_length=1, max_length=63, description="Discovery pool; selects only."
+    )
+    auth: AuthSpec = Field(
+        default_factory=lambda: AuthSpec.model_validate({}), json_schema_extra={"default": {}}
+    )
     allowed_source_ranges: list[Cidr] = Field(
         default_factory=list,
         validate_default=True,
@@ -160,7 +165,7 @@ class Proxy(WireModel):
     kind: Literal["Proxy"] = KIND
     metadata: ObjectMeta
     spec: ProxySpec
-    status: ProxyStatus = Field(default_factory=ProxyStatus)
+    status: ProxyStatus = Field(default_factory=lambda: ProxyStatus.model_validate({}))
 
     @property
     def key(self) -> str:

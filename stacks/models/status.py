@@ -45,7 +45,7 @@ class ProxyStatus(WireModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     address: Address | None = None
-    egress_ip: str | None = Field(None, alias="egressIP")
+    egress_ip: str | None = Field(default=None, alias="egressIP")
     observed_spec_hash: str | None = None
     stack: str | None = None
     last_operation: LastOperation | None = None

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated
+from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-API_GROUP = "crawl.example.com"
-API_VERSION = f"{API_GROUP}/v1alpha1"
-KIND = "Proxy"
+API_GROUP: Final = "crawl.example.com"
+API_VERSION: Final = "crawl.example.com/v1alpha1"
+KIND: Final = "Proxy"
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 PROVIDER_TYPES = ("kubernetes", "gcp", "kvm", "local")
 OPEN_PROXY_MESSAGE = (

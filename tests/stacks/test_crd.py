@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -26,7 +26,7 @@ ALLOWED_KEYS = {
     "x-kubernetes-int-or-string", "x-kubernetes-embedded-resource", "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "x-kubernetes-validations",
 }  # fmt: skip
-TYPES = {
+TYPES: dict[str, type | tuple[type, ...]] = {
     "object": dict,
     "array": list,
     "string": str,
