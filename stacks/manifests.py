@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from stacks.catalogue import CatalogueFormatError, catalogue_body, is_catalogue_document
-from stacks.models import KIND, ProviderCatalogue, Proxy
+from stacks.models import KIND, ProviderCatalogue, Proxy, duplicate_names_message
 from stacks.problems import Problem, describe_error, field_path, render_path
 
 T = TypeVar("T")
@@ -129,6 +129,19 @@ def _add_catalogue(*, source: Source, document: Mapping[str, Any], into: Manifes
         for error in exc.errors():
             label = _catalogue_label(body, error["loc"])
             into.problems.append(_problem(source, label, error["loc"], describe_error(error)))
+        into.problems += _raw_duplicates(source, body, already=str(exc))
+
+
+def _raw_duplicates(source: Source, body: Mapping[str, Any], *, already: str) -> list[Problem]:
+    # An entry with errors stops pydantic before the uniqueness check; report repeated names anyway.
+    providers = body.get("providers")
+    if not isinstance(providers, list):
+        return []
+    names = [entry.get("name") if isinstance(entry, Mapping) else None for entry in providers]
+    message = duplicate_names_message(names)
+    if message is None or message in already:
+        return []
+    return [_problem(source, "catalogue", ("providers",), message)]
 
 
 def _catalogue_label(body: Mapping[str, Any], loc: tuple[str | int, ...]) -> str:

@@ -16,6 +16,7 @@ from stacks.models.providers import (
     ProviderBase,
     ProviderCatalogue,
     ProviderEntry,
+    duplicate_names_message,
 )
 from stacks.models.proxy import AuthSpec, ObjectMeta, Protocol, Proxy, ProxySpec, SecretRef
 from stacks.models.status import Address, Condition, LastOperation, ProxyStatus
@@ -75,6 +76,7 @@ __all__ = [
     "ProxyStatus",
     "SecretRef",
     "WireModel",
+    "duplicate_names_message",
     "ip_address_text",
     "is_open_to_all",
     "normalise_cidr",

@@ -125,14 +125,9 @@ class ProviderCatalogue(WireModel):
     @field_validator("providers")
     @classmethod
     def _unique_names(cls, value: list[ProviderEntry]) -> list[ProviderEntry]:
-        first: dict[str, int] = {}
-        for index, entry in enumerate(value):
-            if entry.name in first:
-                raise ValueError(
-                    f"providers[{first[entry.name]}] and providers[{index}] are both named "
-                    f"'{entry.name}': names must be unique, rename one"
-                )
-            first[entry.name] = index
+        message = duplicate_names_message([entry.name for entry in value])
+        if message:
+            raise ValueError(message)
         return value
 
     def get(self, name: str) -> ProviderEntry | None:
@@ -140,3 +135,17 @@ class ProviderCatalogue(WireModel):
 
     def names(self) -> list[str]:
         return [entry.name for entry in self.providers]
+
+
+def duplicate_names_message(names: list[object]) -> str | None:
+    """The first repeated catalogue name with both positions (also run on documents that fail to parse)."""
+    first: dict[object, int] = {}
+    for index, name in enumerate(names):
+        if name in first:
+            return (
+                f"providers[{first[name]}] and providers[{index}] are both named '{name}': names must be "
+                "unique, rename one"
+            )
+        if isinstance(name, str):
+            first[name] = index
+    return None

@@ -176,3 +176,13 @@ def test_cli_exit_codes_and_output(tmp_path: Path) -> None:
 def test_not_a_directory(tmp_path: Path) -> None:
     problem = only_problem(tmp_path / "nope")
     assert "is not a directory" in problem.message
+
+
+def test_duplicate_catalogue_name_is_reported_beside_other_entry_errors(tmp_path: Path) -> None:
+    catalogue = CATALOGUE + "  - name: local\n    type: local\n  - name: bad_name\n    type: local\n"
+    problems = validate_manifests(write(tmp_path, proxies=[], catalogue=catalogue)).problems
+    assert [(p.obj, p.path) for p in problems] == [
+        ("catalogue", "providers"),
+        ("provider bad_name", "providers[3].name"),
+    ]
+    assert "providers[0] and providers[2] are both named 'local'" in problems[0].message
