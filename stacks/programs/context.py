@@ -10,7 +10,7 @@ import pulumi
 
 from stacks.programs.component import Credentials, ProgramProxy, ProxyComponent
 from stacks.programs.credentials import GeneratedCredentials
-from stacks.programs.proxy_config import check_credentials
+from stacks.programs.proxy_config import ProxySettings, check_credentials
 
 DEFAULT_KVM_SSH_DIR = "/etc/proxy-operator/kvm"
 
@@ -78,3 +78,20 @@ def proxy_context(proxy: ProgramProxy, given_credentials: Mapping[str, Any]) -> 
     return ProxyContext(
         proxy=proxy, component=component, credentials=resolve_credentials(proxy, component, given_credentials)
     )
+
+
+def proxy_settings(ctx: ProxyContext) -> pulumi.Output[ProxySettings]:
+    """The proxy's daemon settings once its credentials resolve (secret when they are)."""
+    spec = ctx.proxy.spec
+
+    def settings(creds: list[str]) -> ProxySettings:
+        return ProxySettings(
+            port=spec.port,
+            protocol=spec.protocol.value,
+            allowed_source_ranges=tuple(spec.allowed_source_ranges),
+            credentials=Credentials(username=creds[0], password=creds[1]) if creds else None,
+        )
+
+    if ctx.credentials is None:
+        return pulumi.Output.from_input(settings([]))
+    return pulumi.Output.all(ctx.credentials.username, ctx.credentials.password).apply(settings)

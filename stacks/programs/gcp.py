@@ -1,0 +1,99 @@
+"""The `gcp` provider type: one Compute Engine VM per proxy, running tinyproxy (HTTP) or dante (SOCKS5).
+
+Per proxy: a firewall rule admitting exactly tcp:<port> from `allowedSourceRanges` to the VM's own network
+tag (one rule per IP family: GCP refuses mixed families), an optional static external address, and the VM
+whose startup script installs and configures the proxy. The startup script is `metadata_startup_script`, so
+a change of port, credentials or ranges replaces the VM (a metadata edit alone would wait for a reboot).
+The published address is the VM's external NAT IP, where the firewall admits the proxy port.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pulumi
+import pulumi_gcp as gcp
+
+from stacks.models import GcpProvider
+from stacks.programs.component import ProxyEndpoint, gcp_labels, physical_name
+from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
+from stacks.programs.proxy_config import setup_script
+
+
+def provider(entry: GcpProvider, settings: ProgramSettings) -> gcp.Provider:
+    # Without providerCredentials the provider uses ambient credentials (workload identity, ADC).
+    return gcp.Provider(
+        f"gcp-{entry.name}",
+        project=entry.project,
+        region=entry.region,
+        zone=entry.zone,
+        credentials=settings.provider_credentials,
+        add_pulumi_attribution_label=False,
+    )
+
+
+def ranges_by_family(ranges: list[str]) -> dict[str, list[str]]:
+    """{"v4": [...], "v6": [...]}; no ranges means all IPv4 (credentials are then required by the model)."""
+    families: dict[str, list[str]] = {}
+    for cidr in ranges or ["0.0.0.0/0"]:
+        family = "v4" if ipaddress.ip_network(cidr).version == 4 else "v6"
+        families.setdefault(family, []).append(cidr)
+    return families
+
+
+def _firewalls(ctx: ProxyContext, *, entry: GcpProvider, tag: str, opts: pulumi.ResourceOptions) -> None:
+    spec = ctx.proxy.spec
+    for family, ranges in ranges_by_family(spec.allowed_source_ranges).items():
+        gcp.compute.Firewall(
+            f"{ctx.proxy.key}-{family}",
+            name=physical_name("px", ctx.proxy, max_length=60) + f"-{family}",
+            network=entry.network,
+            direction="INGRESS",
+            allows=[{"protocol": "tcp", "ports": [str(spec.port)]}],
+            source_ranges=ranges,
+            target_tags=[tag],
+            description=f"proxy-operator: proxy {ctx.proxy.key} port {spec.port}",
+            opts=opts,
+        )
+
+
+def _proxy(
+    entry: GcpProvider, ctx: ProxyContext, settings: ProgramSettings, gcp_provider: gcp.Provider
+) -> ProxyEndpoint:
+    spec, block = ctx.proxy.spec, ctx.proxy.spec.block_for("gcp")
+    zone = block.zone or entry.zone
+    name = physical_name("px", ctx.proxy)
+    labels = gcp_labels(ctx.proxy, settings.stack)
+    opts = pulumi.ResourceOptions(parent=ctx.component, provider=gcp_provider, delete_before_replace=True)
+    _firewalls(ctx, entry=entry, tag=name, opts=opts)
+    access: dict[str, pulumi.Input[str]] = {}
+    if block.address_type == "static":
+        region = zone.rsplit("-", 1)[0]
+        address = gcp.compute.Address(ctx.proxy.key, name=name, region=region, labels=labels, opts=opts)
+        access["nat_ip"] = address.address
+    instance = gcp.compute.Instance(
+        ctx.proxy.key,
+        name=name,
+        machine_type=block.machine_type,
+        zone=zone,
+        boot_disk={"initialize_params": {"image": block.image, "labels": labels}},
+        network_interfaces=[{"network": entry.network, "access_configs": [access]}],
+        metadata_startup_script=proxy_settings(ctx).apply(setup_script),
+        tags=[name],
+        labels=labels,
+        scheduling={
+            "preemptible": block.preemptible,
+            "automatic_restart": not block.preemptible,
+            "on_host_maintenance": "TERMINATE" if block.preemptible else "MIGRATE",
+        },
+        opts=opts,
+    )
+    host = instance.network_interfaces.apply(lambda nics: nics[0].access_configs[0].nat_ip)
+    return ProxyEndpoint(host=host, port=spec.port, protocol=spec.protocol.value, instance_id=instance.id)
+
+
+def build(
+    entry: GcpProvider, contexts: list[ProxyContext], settings: ProgramSettings
+) -> dict[str, ProxyEndpoint]:
+    gcp_provider = provider(entry, settings)
+    return {ctx.proxy.key: _proxy(entry, ctx, settings, gcp_provider) for ctx in contexts}
