@@ -59,6 +59,12 @@ class Engine:
             self._retry_lock(stack, lambda: stack.preview(on_event=events))
             return steps_from_events(events.events)
 
+    def preview_destroy(self, name: str) -> list[PreviewStep]:
+        """What `destroy` would delete, changing nothing (the program does not run)."""
+        with self._operation(name, "preview-destroy", create=False) as (stack, events):
+            self._retry_lock(stack, lambda: stack.preview_destroy(on_event=events))
+            return steps_from_events(events.events)
+
     def refresh(self, name: str) -> OperationResult:
         with self._operation(name, "refresh", create=False) as (stack, events):
             result = self._retry_lock(stack, lambda: stack.refresh(on_event=events))
@@ -97,6 +103,17 @@ class Engine:
         """Forget a whole stack (its resources stay where they are)."""
         if self.exists(name):
             self._workspace(name).remove_stack(name, force=True)
+
+    def remove_if_empty(self, name: str) -> bool:
+        """Remove a stack that holds no resources (a preview created it); Pulumi refuses any other."""
+        if not self.exists(name):
+            return False
+        try:
+            self._workspace(name).remove_stack(name)
+        except auto.errors.CommandError as exc:
+            log.info("kept stack %s: %s", name, translate(exc, stack=name).message)
+            return False
+        return True
 
     # --- inspection -----------------------------------------------------------------------------------
 
