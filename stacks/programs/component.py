@@ -22,6 +22,10 @@ MANAGED_BY = "proxy-operator"
 LABEL_PREFIX = "crawl.example.com"
 
 
+class InvalidInputError(ValueError):
+    """Input that no retry can fix (the automation layer reads "InvalidInput" as permanent)."""
+
+
 @dataclass(frozen=True)
 class Credentials:
     username: str

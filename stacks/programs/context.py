@@ -8,7 +8,7 @@ from typing import Any
 
 import pulumi
 
-from stacks.programs.component import Credentials, ProgramProxy, ProxyComponent
+from stacks.programs.component import Credentials, InvalidInputError, ProgramProxy, ProxyComponent
 from stacks.programs.credentials import GeneratedCredentials
 from stacks.programs.proxy_config import ProxySettings, check_credentials
 
@@ -41,7 +41,7 @@ class ProxyContext:
     credentials: OutputCredentials | None
 
 
-class MissingCredentialsError(ValueError):
+class MissingCredentialsError(InvalidInputError):
     """A proxy with auth mode `secret` has no entry in the `proxy-operator:credentials` config."""
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from stacks.programs.component import Credentials
+from stacks.programs.component import Credentials, InvalidInputError
 
 SAFE_CREDENTIAL = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 SETUP_PATH = "/usr/local/sbin/proxy-operator-setup"
@@ -31,7 +31,7 @@ def check_credentials(credentials: Credentials, *, where: str) -> Credentials:
     """Refuse characters that tinyproxy's BasicAuth, dante's passwd and pproxy's URI cannot carry."""
     for field_name in ("username", "password"):
         if not SAFE_CREDENTIAL.match(getattr(credentials, field_name)):
-            raise ValueError(
+            raise InvalidInputError(
                 f"{where}: the {field_name} may hold only letters, digits, '.', '_' and '-' "
                 "(1-128 characters); change it in the referenced Secret"
             )

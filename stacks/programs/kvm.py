@@ -1,0 +1,151 @@
+"""The `kvm` provider type: one libvirt VM per proxy on the catalogue's KVM hosts, reached over SSH.
+
+Per host in use: a libvirt provider whose qemu+ssh URI names the mounted private key (`keyfile`) and
+known_hosts (`knownhosts`: the parameter the bundled terraform-provider-libvirt reads), and one cached base
+image volume per (host, pool). Per proxy: a copy-on-write volume backed by that image, a cloud-init disk that
+installs and configures the proxy, and the domain; the published address is the domain's DHCP lease.
+
+The image cache rule: a base volume is never replaced or deleted while a proxy volume may back onto it.
+`ignore_changes=["source"]` keeps a new upstream image from replacing it, and `retain_on_delete` leaves it on
+the host when it leaves the stack (a forgotten proxy's disk may still use it). A retained volume keeps its
+name on the host, so each base volume name carries a random suffix drawn when it enters the stack: a later
+proxy on that host gets a fresh cache instead of colliding with the retained one.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import pulumi
+import pulumi_libvirt as libvirt
+
+from stacks.models import KvmHost, KvmProvider
+from stacks.programs.component import InvalidInputError, ProgramProxy, ProxyEndpoint, physical_name
+from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
+from stacks.programs.credentials import StableSuffix
+from stacks.programs.proxy_config import cloud_init_meta_data, cloud_init_user_data
+
+KEY_FILE = "id_ed25519"
+KNOWN_HOSTS_FILE = "known_hosts"
+# Ours to set; any value the catalogue carries for these is replaced (no_verify is refused by the model).
+SSH_PARAMETERS = ("keyfile", "knownhosts", "known_hosts", "known_hosts_verify", "no_verify")
+GIB = 1024**3
+
+
+def ssh_uri(host_uri: str, ssh_dir: str) -> str:
+    """The catalogue URI plus the mounted key and known_hosts, with host key verification on."""
+    parts = urlsplit(host_uri)
+    query = [(key, value) for key, value in parse_qsl(parts.query) if key not in SSH_PARAMETERS]
+    query += [
+        ("keyfile", f"{ssh_dir.rstrip('/')}/{KEY_FILE}"),
+        ("knownhosts", f"{ssh_dir.rstrip('/')}/{KNOWN_HOSTS_FILE}"),
+        ("known_hosts_verify", "normal"),
+    ]
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
+
+
+def host_for(entry: KvmProvider, proxy: ProgramProxy) -> KvmHost:
+    wanted = proxy.spec.block_for("kvm").host
+    host = entry.host(wanted)
+    if host is None:
+        known = ", ".join(h.name for h in entry.hosts)
+        raise InvalidInputError(
+            f"{proxy.key}: spec.kvm.host '{wanted}' is not a host of provider '{entry.name}' "
+            f"(it has: {known}); add the host to that catalogue entry or pick one of its hosts"
+        )
+    return host
+
+
+def image_file_name(base_image: str) -> str:
+    name = PurePosixPath(urlsplit(base_image).path).name or "base-image.qcow2"
+    return name if name.endswith((".qcow2", ".img")) else f"{name}.qcow2"
+
+
+class HostResources:
+    """The libvirt provider and the cached base volume of each (host, pool) in use, made on first use."""
+
+    def __init__(self, entry: KvmProvider, settings: ProgramSettings) -> None:
+        self.entry = entry
+        self.settings = settings
+        self._providers: dict[str, libvirt.Provider] = {}
+        self._bases: dict[tuple[str, str], libvirt.Volume] = {}
+
+    def provider(self, host: KvmHost) -> libvirt.Provider:
+        if host.name not in self._providers:
+            uri = ssh_uri(host.uri, self.settings.kvm_ssh_dir)
+            self._providers[host.name] = libvirt.Provider(f"kvm-{self.entry.name}-{host.name}", uri=uri)
+        return self._providers[host.name]
+
+    def base_volume(self, host: KvmHost) -> libvirt.Volume:
+        pool = host.pool or self.entry.pool
+        if (host.name, pool) not in self._bases:
+            self._bases[(host.name, pool)] = self._new_base(host, pool)
+        return self._bases[(host.name, pool)]
+
+    def _new_base(self, host: KvmHost, pool: str) -> libvirt.Volume:
+        image = image_file_name(self.entry.base_image)
+        logical = f"base-{host.name}-{pool}-{image}"
+        suffix = StableSuffix(logical)
+        stem, dot, extension = image.rpartition(".")
+        return libvirt.Volume(
+            logical,
+            name=suffix.suffix.apply(lambda s: f"{stem}-{s}{dot}{extension}"),
+            pool=pool,
+            source=self.entry.base_image,
+            format="qcow2",
+            opts=pulumi.ResourceOptions(
+                provider=self.provider(host), retain_on_delete=True, ignore_changes=["source"]
+            ),
+        )
+
+
+def _domain_description(ctx: ProxyContext, stack: str) -> str:
+    return f"managed-by=proxy-operator proxy={ctx.proxy.key} stack={stack}"
+
+
+def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> ProxyEndpoint:
+    spec, block = ctx.proxy.spec, ctx.proxy.spec.block_for("kvm")
+    host = host_for(entry, ctx.proxy)
+    pool, network = host.pool or entry.pool, host.network or entry.network
+    name = physical_name("px", ctx.proxy)
+    opts = pulumi.ResourceOptions(parent=ctx.component, provider=hosts.provider(host))
+    volume = libvirt.Volume(
+        ctx.proxy.key,
+        name=f"{name}.qcow2",
+        pool=pool,
+        base_volume_id=hosts.base_volume(host).id,
+        size=block.disk_gib * GIB,
+        format="qcow2",
+        opts=opts,
+    )
+    cloud_init = libvirt.CloudInitDisk(
+        ctx.proxy.key,
+        name=f"{name}-cloudinit.iso",
+        pool=pool,
+        user_data=proxy_settings(ctx).apply(lambda s: cloud_init_user_data(s, hostname=name)),
+        meta_data=cloud_init_meta_data(instance_id=name, hostname=name),
+        opts=opts,
+    )
+    domain = libvirt.Domain(
+        ctx.proxy.key,
+        name=name,
+        description=_domain_description(ctx, hosts.settings.stack),
+        vcpu=block.vcpus,
+        memory=block.memory_mib,
+        autostart=True,
+        cloudinit=cloud_init.id,
+        disks=[{"volume_id": volume.id}],
+        network_interfaces=[{"network_name": network, "hostname": name, "wait_for_lease": True}],
+        consoles=[{"type": "pty", "target_port": "0", "target_type": "serial"}],
+        opts=opts,
+    )
+    address = domain.network_interfaces.apply(lambda nics: nics[0].addresses[0])
+    return ProxyEndpoint(host=address, port=spec.port, protocol=spec.protocol.value, instance_id=domain.id)
+
+
+def build(
+    entry: KvmProvider, contexts: list[ProxyContext], settings: ProgramSettings
+) -> dict[str, ProxyEndpoint]:
+    hosts = HostResources(entry, settings)
+    return {ctx.proxy.key: _proxy(entry, ctx, hosts) for ctx in contexts}

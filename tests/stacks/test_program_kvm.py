@@ -1,0 +1,154 @@
+"""The kvm program's inputs to libvirt, asserted on a recording mock.
+
+These tests mock with `pulumi.runtime.set_mocks` because the libvirt provider plugin cannot be downloaded or
+run here (nor is there a KVM host); each test installs fresh mocks and runs the program under
+`pulumi.runtime.test`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import yaml
+
+from stacks.models import KvmProvider
+from stacks.programs.component import InvalidInputError
+from stacks.programs.context import ProgramSettings
+from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
+
+VOLUME = "libvirt:index/volume:Volume"
+DOMAIN = "libvirt:index/domain:Domain"
+CLOUD_INIT = "libvirt:index/cloudInitDisk:CloudInitDisk"
+SUFFIX = "pulumi-python:dynamic/proxy-operator:StableSuffix"
+LEASE = "192.168.122.50"
+SSH_DIR = "/etc/proxy-operator/kvm"
+ENTRY = KvmProvider.model_validate(
+    {
+        "name": "kvm-home",
+        "type": "kvm",
+        "pool": "default",
+        "hosts": [
+            {"name": "hv1", "uri": "qemu+ssh://virt@hv1.lan:2222/system"},
+            {
+                "name": "hv2",
+                "uri": "qemu+ssh://virt@10.0.0.12/system?socket=/run/libvirt/libvirt-sock",
+                "pool": "fast",
+            },
+        ],
+    }
+)
+
+
+def _lease(outputs: dict[str, Any]) -> dict[str, Any]:
+    nics = outputs["networkInterfaces"]
+    nics[0]["addresses"] = [LEASE]
+    return {"networkInterfaces": nics}
+
+
+@pytest.fixture
+def mocks() -> RecordingMocks:
+    recording = RecordingMocks(computed={DOMAIN: _lease, SUFFIX: lambda _: {"suffix": "k3x9q2"}})
+    install(recording, stack="kvm-home")
+    return recording
+
+
+SETTINGS = ProgramSettings(stack="kvm-home", root_dir="/tmp", kvm_ssh_dir=SSH_DIR)
+
+
+def _providers(mocks: RecordingMocks) -> dict[str, str]:
+    return {r.name: r.inputs["uri"] for r in mocks.resources if r.typ == "pulumi:providers:libvirt"}
+
+
+def test_one_provider_per_host_in_use_with_key_and_known_hosts(mocks: RecordingMocks) -> None:
+    proxies = [proxy("a", provider="kvm-home"), proxy("b", provider="kvm-home", kvm={"host": "hv2"})]
+    proxies.append(proxy("c", provider="kvm-home", kvm={"host": "hv2"}))
+    run(entry=ENTRY, proxies=proxies, settings=SETTINGS)
+    uris = _providers(mocks)
+
+    assert sorted(uris) == ["kvm-kvm-home-hv1", "kvm-kvm-home-hv2"]
+    hv1 = urlsplit(uris["kvm-kvm-home-hv1"])
+    assert (hv1.scheme, hv1.username, hv1.hostname, hv1.port, hv1.path) == (
+        "qemu+ssh",
+        "virt",
+        "hv1.lan",
+        2222,
+        "/system",
+    )
+    query = parse_qs(hv1.query)
+    assert query["keyfile"] == [f"{SSH_DIR}/id_ed25519"]
+    # terraform-provider-libvirt (bundled by pulumi-libvirt 0.5) reads `knownhosts`, not `known_hosts`.
+    assert query["knownhosts"] == [f"{SSH_DIR}/known_hosts"]
+    assert query["known_hosts_verify"] == ["normal"]
+    # The catalogue's own parameters survive.
+    assert parse_qs(urlsplit(uris["kvm-kvm-home-hv2"]).query)["socket"] == ["/run/libvirt/libvirt-sock"]
+
+
+def test_proxy_volume_is_cloned_from_the_cached_base_image(mocks: RecordingMocks) -> None:
+    run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", kvm={"diskGib": 20})], settings=SETTINGS)
+    volumes = {r.name: r for r in mocks.of_type(VOLUME)}
+    base = volumes["base-hv1-default-debian-12-generic-amd64.qcow2"]
+    clone = volumes["crawl/a"]
+
+    assert base.inputs["name"] == "debian-12-generic-amd64-k3x9q2.qcow2"
+    assert base.inputs["source"] == ENTRY.base_image
+    assert clone.inputs["baseVolumeId"] == f"{base.name}-id"  # the mock's id of the base volume
+    assert clone.inputs["size"] == 20 * 1024**3
+    assert clone.inputs["pool"] == base.inputs["pool"] == "default"
+
+
+def test_one_base_volume_per_host_and_pool(mocks: RecordingMocks) -> None:
+    proxies = [proxy(name, provider="kvm-home", kvm={"host": "hv2"}) for name in ("a", "b", "c")]
+    run(entry=ENTRY, proxies=proxies, settings=SETTINGS)
+    bases = [r for r in mocks.of_type(VOLUME) if r.name.startswith("base-")]
+
+    assert [(b.name, b.inputs["pool"]) for b in bases] == [
+        ("base-hv2-fast-debian-12-generic-amd64.qcow2", "fast")
+    ]
+    assert {r.inputs["baseVolumeId"] for r in mocks.of_type(VOLUME) if r.name.startswith("crawl/")} == {
+        f"{bases[0].name}-id"
+    }
+
+
+def test_cloud_init_installs_tinyproxy_with_credentials(mocks: RecordingMocks) -> None:
+    spec = {"provider": "kvm-home", "port": 8080, "allowedSourceRanges": ["192.168.1.0/24"]}
+    run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
+    disk = mocks.one(CLOUD_INIT).inputs
+    user_data = disk["userData"]
+
+    assert user_data.startswith("#cloud-config\n")
+    document = yaml.safe_load(user_data)
+    [setup] = document["write_files"]
+    assert document["runcmd"] == [[setup["path"]]]
+    assert "Port 8080" in setup["content"]
+    assert f"BasicAuth {GENERATED['username']} {GENERATED['password']}" in setup["content"]
+    assert "Allow 192.168.1.0/24" in setup["content"]
+    assert "instance-id: px-crawl-a" in disk["metaData"]
+
+
+def test_domain_uses_the_disks_and_waits_for_a_lease_which_is_published(mocks: RecordingMocks) -> None:
+    spec = {"provider": "kvm-home", "port": 3128, "kvm": {"vcpus": 2, "memoryMib": 1024}}
+    outputs = run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
+    domain = mocks.one(DOMAIN).inputs
+
+    assert (domain["vcpu"], domain["memory"]) == (2, 1024)
+    assert domain["disks"] == [{"volumeId": "crawl/a-id"}]
+    assert domain["cloudinit"] == "crawl/a-id"
+    assert domain["networkInterfaces"][0]["networkName"] == "default"
+    assert domain["networkInterfaces"][0]["waitForLease"] is True
+    assert domain["description"] == "managed-by=proxy-operator proxy=crawl/a stack=kvm-home"
+    assert outputs["proxies"]["crawl/a"] == {
+        "host": LEASE,
+        "port": 3128,
+        "protocol": "http",
+        "instanceId": "crawl/a-id",
+    }
+
+
+def test_a_host_missing_from_the_catalogue_is_a_permanent_error(mocks: RecordingMocks) -> None:
+    with pytest.raises(
+        InvalidInputError, match="'hv9' is not a host of provider 'kvm-home' \\(it has: hv1, hv2\\)"
+    ):
+        run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", kvm={"host": "hv9"})], settings=SETTINGS)
+    assert mocks.of_type(DOMAIN) == []
