@@ -9,7 +9,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-_DOMAIN = re.compile(r"^(\*|([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*)$")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+TARGET_PATTERN = rf"^(\*|{_LABEL}(\.{_LABEL})*\.?)$"
+_DOMAIN = re.compile(TARGET_PATTERN)
 TARGET_HELP = "a domain such as example.com (no scheme, port or path), or * for any"
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
 LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
@@ -19,10 +21,9 @@ LabelValue = Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9._-]*$")]
 def normalise_target(value: str | None) -> str | None:
     if value is None:
         return None
-    target = value.strip().lower().rstrip(".")
-    if len(target) > 253 or not _DOMAIN.match(target):
+    if not _DOMAIN.match(value):
         raise ValueError(f"target must be {TARGET_HELP}; got {value!r}")
-    return target
+    return value.lower().rstrip(".")
 
 
 class _In(BaseModel):
@@ -40,7 +41,12 @@ class LeaseBody(_In):
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Only proxies with all these."
     )
-    target: str | None = Field(None, description=f"The site the proxies are for: {TARGET_HELP}.")
+    target: str | None = Field(
+        None,
+        max_length=253,
+        pattern=TARGET_PATTERN,
+        description=f"The site the proxies are for: {TARGET_HELP}.",
+    )
     session: str | None = Field(
         None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$", description="Sticky session name."
     )
@@ -92,7 +98,12 @@ class ReportBody(_In):
     proxy: str | None = Field(
         None, min_length=3, max_length=507, description="Or the proxy key namespace/name."
     )
-    target: str | None = Field(None, description=f"Defaults to the lease's target: {TARGET_HELP}.")
+    target: str | None = Field(
+        None,
+        max_length=253,
+        pattern=TARGET_PATTERN,
+        description=f"Defaults to the lease's target: {TARGET_HELP}.",
+    )
     outcome: Literal["ok", "banned", "error"]
     status_code: int | None = Field(None, ge=100, le=599, description="The HTTP status the target answered.")
 

@@ -237,13 +237,23 @@ def test_filters_select_by_pool_provider_and_labels(start_api: ApiFactory) -> No
         assert lease(client, provider="gcp-eu", target="3.example").status_code == 503
 
 
+def test_limits_are_clamped_not_refused(start_api: ApiFactory) -> None:
+    api = start_api(inventory=healthy_inventory(["a", "b", "c"]), max_count=2, lease_ttl_max_seconds=100)
+    with api.client() as client:
+        body = lease(client, count=3, ttl=500).json()
+    assert len(body["leases"]) == 2
+    expires = datetime.fromisoformat(body["leases"][0]["expiresAt"]).timestamp()
+    assert expires == api.clock.now + 100
+
+
 def test_lease_validation_errors_name_the_field(start_api: ApiFactory) -> None:
-    api = start_api(inventory=healthy_inventory(["a"]), max_count=10)
+    api = start_api(inventory=healthy_inventory(["a"]))
     cases = [
         ({"target": "https://example.com/x"}, "body.target"),
-        ({"count": 11}, "body.count"),
+        ({"count": 1001}, "body.count"),
         ({"count": 0}, "body.count"),
         ({"ttl": 99999}, "body.ttl"),
+        ({"ttl": 0}, "body.ttl"),
         ({"wait": 31}, "body.wait"),
         ({"colour": "red"}, "body.colour"),
         ({"session": "s", "count": 2}, "body"),

@@ -19,42 +19,34 @@ RETRY_AFTER_HEADER = {
 }
 
 
-def _check_limits(body: LeaseBody, ctx: Context) -> None:
-    settings = ctx.discovery.settings
-    problems = []
-    if body.count > settings.max_count:
-        problems.append({"field": "body.count", "message": f"at most {settings.max_count} per request"})
-    if body.ttl is not None and body.ttl > settings.lease_ttl_max_seconds:
-        problems.append({"field": "body.ttl", "message": f"at most {settings.lease_ttl_max_seconds:g} s"})
-    if body.wait > settings.max_wait_seconds:
-        problems.append({"field": "body.wait", "message": f"at most {settings.max_wait_seconds:g} s"})
-    if problems:
-        raise ApiError(422, "invalid_request", problems)
-
-
-@router.post(
-    "/v1/leases",
-    response_model=LeaseResponse,
-    responses={
-        **responses(401, 403, 409, 422),
-        503: {**responses(503)[503], "headers": RETRY_AFTER_HEADER},
-    },
-    summary="Lease proxies",
-)
-async def create_lease(body: LeaseBody, client: LeaseClient, ctx: Context) -> LeaseResponse:
-    _check_limits(body, ctx)
-    query = LeaseQuery(
-        client=client.name,
-        count=body.count,
+def _query(body: LeaseBody, *, client: str, ctx: Context) -> LeaseQuery:
+    """The request within this server's limits: count, ttl and wait are clamped, not refused (see docs)."""
+    limits = ctx.discovery.settings
+    return LeaseQuery(
+        client=client,
+        count=min(body.count, limits.max_count),
         pool=body.pool,
         provider=body.provider,
         labels=body.labels,
         target=body.target or ANY_TARGET,
         session=body.session,
         strict=body.strict,
-        ttl=body.ttl,
-        wait=body.wait,
+        ttl=min(body.ttl, limits.lease_ttl_max_seconds) if body.ttl is not None else None,
+        wait=min(body.wait, limits.max_wait_seconds),
     )
+
+
+@router.post(
+    "/v1/leases",
+    response_model=LeaseResponse,
+    responses={
+        **responses(400, 401, 403, 409, 422),
+        503: {**responses(503)[503], "headers": RETRY_AFTER_HEADER},
+    },
+    summary="Lease proxies",
+)
+async def create_lease(body: LeaseBody, client: LeaseClient, ctx: Context) -> LeaseResponse:
+    query = _query(body, client=client.name, ctx=ctx)
     started = time.perf_counter()
     try:
         grant = await ctx.discovery.lease(query)

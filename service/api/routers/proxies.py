@@ -15,6 +15,8 @@ from service.health.egress import shared_egress
 
 router = APIRouter(tags=["proxies"])
 LABELS_HELP = "comma-separated key=value pairs, all must match, e.g. zone=eu,tier=a"
+_PAIR = r"[A-Za-z0-9][A-Za-z0-9._/-]*=[A-Za-z0-9._-]*"
+LABELS_PATTERN = rf"^{_PAIR}(,{_PAIR})*$"
 
 
 def parse_labels(text: str | None) -> dict[str, str]:
@@ -39,7 +41,9 @@ async def list_proxies(
     _client: ReaderClient,
     pool: Annotated[str | None, Query(max_length=253)] = None,
     provider: Annotated[str | None, Query(max_length=253)] = None,
-    labels: Annotated[str | None, Query(max_length=4096, description=LABELS_HELP)] = None,
+    labels: Annotated[
+        str | None, Query(max_length=4096, pattern=LABELS_PATTERN, description=LABELS_HELP)
+    ] = None,
     healthy: bool | None = None,
 ) -> ProxyList:
     wanted = parse_labels(labels)

@@ -15,7 +15,7 @@ router = APIRouter(tags=["reports"])
 @router.post(
     "/v1/reports",
     response_model=ReportResponse,
-    responses=responses(401, 403, 404, 422),
+    responses=responses(400, 401, 403, 404, 422),
     summary="Report an outcome",
 )
 async def create_report(body: ReportBody, client: ReportClient, ctx: Context) -> ReportResponse:
