@@ -1,0 +1,203 @@
+"""The `kubernetes` provider type: one Deployment + Service per proxy, running 3proxy (HTTP or SOCKS5).
+
+The container runs 3proxy directly on a configuration file mounted from the proxy's Secret (which also holds
+the credentials), so the root filesystem stays read-only; the image's own templating entrypoint is bypassed.
+Source ranges are enforced three times: 3proxy's ACL, a NetworkPolicy, and `loadBalancerSourceRanges`.
+The Secret is replaced (new name) whenever its content changes, which rolls the Deployment.
+
+Published address: the LoadBalancer ingress IP or hostname for `LoadBalancer` Services; otherwise the
+cluster DNS name `<svc>.<ns>.svc.cluster.local`, reachable on the proxy port from inside the cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from stacks.models import KubernetesProvider
+from stacks.programs.component import ProxyEndpoint, kubernetes_labels, physical_name
+from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
+from stacks.programs.proxy_config import ProxySettings
+
+CONFIG_DIR = "/etc/3proxy-operator"
+CONFIG_KEY = "3proxy.cfg"
+RUN_AS = 10001  # the image's unprivileged 3proxy user
+UNPRIVILEGED_PORT = 3128  # containers run without NET_BIND_SERVICE: a port below 1024 maps to this one
+
+
+def container_port(port: int) -> int:
+    return port if port >= 1024 else UNPRIVILEGED_PORT
+
+
+def threeproxy_conf(settings: ProxySettings) -> str:
+    creds, ranges = settings.credentials, ",".join(settings.allowed_source_ranges)
+    lines = ["nscache 65536", "timeouts 1 5 30 60 180 1800 15 60", "log", "maxconn 200"]
+    if creds:
+        lines += [
+            f"users {creds.username}:CL:{creds.password}",
+            "auth strong",
+            f"allow {creds.username} {ranges}",
+        ]
+    else:
+        lines += ["auth iponly", f"allow * {ranges}"]
+    service = "socks" if settings.protocol == "socks5" else "proxy -a"
+    lines += ["deny *", f"{service} -n -p{container_port(settings.port)}"]
+    return "\n".join(line.rstrip() for line in lines) + "\n"
+
+
+def provider(entry: KubernetesProvider, settings: ProgramSettings) -> k8s.Provider:
+    # kubeconfigSecret set: the automation passes its kubeconfig as providerCredentials; else this cluster.
+    kubeconfig = settings.provider_credentials if entry.kubeconfig_secret else None
+    return k8s.Provider(f"k8s-{entry.name}", kubeconfig=kubeconfig, namespace=entry.namespace)
+
+
+def _secret(ctx: ProxyContext, *, meta: dict[str, Any], opts: pulumi.ResourceOptions) -> k8s.core.v1.Secret:
+    def data(settings: ProxySettings) -> dict[str, str]:
+        values = {CONFIG_KEY: threeproxy_conf(settings)}
+        if settings.credentials:
+            values |= {"username": settings.credentials.username, "password": settings.credentials.password}
+        return values
+
+    # Auto-named from the (DNS-safe) logical name, and replaced on any change: the new name rolls the pods.
+    return k8s.core.v1.Secret(
+        meta["name"],
+        metadata={"namespace": meta["namespace"], "labels": meta["labels"]},
+        string_data=pulumi.Output.secret(proxy_settings(ctx).apply(data)),
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(replace_on_changes=["stringData"])),
+    )
+
+
+def _container(ctx: ProxyContext, block: Any) -> dict[str, Any]:
+    port = container_port(ctx.proxy.spec.port)
+    probe = {"tcpSocket": {"port": port}, "periodSeconds": 10}
+    return {
+        "name": "proxy",
+        "image": block.image,
+        "command": ["/bin/3proxy", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "ports": [{"name": "proxy", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {**probe, "initialDelaySeconds": 2},
+        "livenessProbe": {**probe, "initialDelaySeconds": 10},
+        "resources": block.resources,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS,
+            "runAsGroup": RUN_AS,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+
+
+def _deployment(
+    ctx: ProxyContext,
+    *,
+    meta: dict[str, Any],
+    selector: dict[str, str],
+    secret: k8s.core.v1.Secret,
+    block: Any,
+    opts: pulumi.ResourceOptions,
+) -> k8s.apps.v1.Deployment:
+    pod_spec = {
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "fsGroup": RUN_AS},
+        "containers": [_container(ctx, block)],
+        "volumes": [{"name": "config", "secret": {"secretName": secret.metadata.name, "defaultMode": 0o440}}],
+    }
+    return k8s.apps.v1.Deployment(
+        ctx.proxy.key,
+        metadata=meta,
+        spec={
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {"metadata": {"labels": {**meta["labels"], **selector}}, "spec": pod_spec},
+        },
+        opts=opts,
+    )
+
+
+def _service(
+    ctx: ProxyContext,
+    *,
+    meta: dict[str, Any],
+    selector: dict[str, str],
+    block: Any,
+    opts: pulumi.ResourceOptions,
+) -> k8s.core.v1.Service:
+    spec = ctx.proxy.spec
+    service_spec: dict[str, Any] = {
+        "type": block.service_type,
+        "selector": selector,
+        "ports": [
+            {"name": "proxy", "port": spec.port, "targetPort": container_port(spec.port), "protocol": "TCP"}
+        ],
+    }
+    if block.service_type != "ClusterIP":
+        service_spec["externalTrafficPolicy"] = "Local"  # keep client addresses for the NetworkPolicy and ACL
+    if block.service_type == "LoadBalancer" and spec.allowed_source_ranges:
+        service_spec["loadBalancerSourceRanges"] = list(spec.allowed_source_ranges)
+    return k8s.core.v1.Service(ctx.proxy.key, metadata=meta, spec=service_spec, opts=opts)
+
+
+def _network_policy(
+    ctx: ProxyContext, *, meta: dict[str, Any], selector: dict[str, str], opts: pulumi.ResourceOptions
+) -> None:
+    ranges = ctx.proxy.spec.allowed_source_ranges
+    if not ranges:
+        return
+    k8s.networking.v1.NetworkPolicy(
+        ctx.proxy.key,
+        metadata=meta,
+        spec={
+            "podSelector": {"matchLabels": selector},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges],
+                    "ports": [{"port": container_port(ctx.proxy.spec.port), "protocol": "TCP"}],
+                }
+            ],
+        },
+        opts=opts,
+    )
+
+
+def _published_host(
+    service: k8s.core.v1.Service, *, name: str, namespace: str, service_type: str
+) -> pulumi.Input[str]:
+    if service_type != "LoadBalancer":
+        return f"{name}.{namespace}.svc.cluster.local"
+
+    def ingress_address(status: Any) -> str:
+        ingress = status.load_balancer.ingress[0]
+        return ingress.ip or ingress.hostname
+
+    return service.status.apply(ingress_address)
+
+
+def _proxy(
+    entry: KubernetesProvider, ctx: ProxyContext, settings: ProgramSettings, k8s_provider: k8s.Provider
+) -> ProxyEndpoint:
+    spec, block = ctx.proxy.spec, ctx.proxy.spec.block_for("kubernetes")
+    name = physical_name("px", ctx.proxy)
+    selector = {"app.kubernetes.io/instance": name}
+    labels = {**kubernetes_labels(ctx.proxy, settings.stack), **selector}
+    meta = {"name": name, "namespace": entry.namespace, "labels": labels}
+    opts = pulumi.ResourceOptions(parent=ctx.component, provider=k8s_provider)
+    secret = _secret(ctx, meta=meta, opts=opts)
+    deployment = _deployment(ctx, meta=meta, selector=selector, secret=secret, block=block, opts=opts)
+    service = _service(ctx, meta=meta, selector=selector, block=block, opts=opts)
+    _network_policy(ctx, meta=meta, selector=selector, opts=opts)
+    host = _published_host(service, name=name, namespace=entry.namespace, service_type=block.service_type)
+    return ProxyEndpoint(host=host, port=spec.port, protocol=spec.protocol.value, instance_id=deployment.id)
+
+
+def build(
+    entry: KubernetesProvider, contexts: list[ProxyContext], settings: ProgramSettings
+) -> dict[str, ProxyEndpoint]:
+    k8s_provider = provider(entry, settings)
+    return {ctx.proxy.key: _proxy(entry, ctx, settings, k8s_provider) for ctx in contexts}

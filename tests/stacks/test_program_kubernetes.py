@@ -1,0 +1,177 @@
+"""The kubernetes program's manifests, asserted on a recording mock.
+
+These tests mock with `pulumi.runtime.set_mocks` because the kubernetes provider plugin cannot be downloaded
+or run here (nor is there a cluster); each test installs fresh mocks and runs the program under
+`pulumi.runtime.test`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pulumi
+import pytest
+from pulumi.runtime import rpc
+
+from stacks.models import KubernetesProvider
+from stacks.programs.context import ProgramSettings
+from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
+
+SECRET = "kubernetes:core/v1:Secret"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+SERVICE = "kubernetes:core/v1:Service"
+POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
+LB_IP = "198.51.100.20"
+SECRET_NAME = "px-crawl-a-5x7k2m9q"
+ENTRY = KubernetesProvider(name="in-cluster", type="kubernetes", namespace="proxies")
+SETTINGS = ProgramSettings(stack="in-cluster", root_dir="/tmp")
+
+
+def _named(outputs: dict[str, Any]) -> dict[str, Any]:
+    return {"metadata": {**outputs["metadata"], "name": SECRET_NAME}}
+
+
+def _load_balancer(outputs: dict[str, Any]) -> dict[str, Any]:
+    if outputs["spec"]["type"] != "LoadBalancer":
+        return {}
+    return {"status": {"loadBalancer": {"ingress": [{"ip": LB_IP}]}}}
+
+
+@pytest.fixture
+def mocks() -> RecordingMocks:
+    recording = RecordingMocks(computed={SECRET: _named, SERVICE: _load_balancer})
+    install(recording, stack="in-cluster")
+    return recording
+
+
+def _unsecret(value: Any) -> Any:
+    if isinstance(value, dict) and value.get(rpc._special_sig_key) == rpc._special_secret_sig:
+        return value["value"]
+    return value
+
+
+def _pod(mocks: RecordingMocks) -> dict[str, Any]:
+    return mocks.one(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+
+
+def test_deployment_is_non_root_read_only_limited_and_probed_on_the_proxy_port(mocks: RecordingMocks) -> None:
+    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster", port=8080)], settings=SETTINGS)
+    pod = _pod(mocks)
+    [container] = pod["containers"]
+    security = container["securityContext"]
+
+    assert security["runAsNonRoot"] is True
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert container["resources"]["limits"] == {"cpu": "500m", "memory": "128Mi"}
+    assert container["readinessProbe"]["tcpSocket"] == {"port": 8080}
+    assert container["ports"] == [{"name": "proxy", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["command"] == ["/bin/3proxy", "/etc/3proxy-operator/3proxy.cfg"]
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["volumes"][0]["secret"]["secretName"] == SECRET_NAME
+
+
+def test_credentials_and_ranges_are_in_the_secret_and_the_proxy_config(mocks: RecordingMocks) -> None:
+    spec = {"provider": "in-cluster", "port": 8080, "allowedSourceRanges": ["10.0.0.0/8", "192.168.0.0/16"]}
+    outputs = run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
+    raw = mocks.one(SECRET).inputs["stringData"]
+    data = _unsecret(raw)
+    config = data["3proxy.cfg"].splitlines()
+
+    assert raw != data, "the Secret's data must be a Pulumi secret"
+    assert (data["username"], data["password"]) == (GENERATED["username"], GENERATED["password"])
+    assert f"users {GENERATED['username']}:CL:{GENERATED['password']}" in config
+    assert "auth strong" in config
+    assert f"allow {GENERATED['username']} 10.0.0.0/8,192.168.0.0/16" in config
+    assert config[-2:] == ["deny *", "proxy -a -n -p8080"]
+    assert outputs["credentials"]["crawl/a"] == GENERATED
+
+
+def test_socks5_and_a_privileged_port(mocks: RecordingMocks) -> None:
+    run(
+        entry=ENTRY,
+        proxies=[proxy("a", provider="in-cluster", port=1080, protocol="socks5")],
+        settings=SETTINGS,
+    )
+    config = _unsecret(mocks.one(SECRET).inputs["stringData"])["3proxy.cfg"]
+    run_port = mocks.one(SERVICE).inputs["spec"]["ports"][0]
+
+    assert config.splitlines()[-1] == "socks -n -p1080"
+    assert run_port == {"name": "proxy", "port": 1080, "targetPort": 1080, "protocol": "TCP"}
+    mocks.resources.clear()
+    run(entry=ENTRY, proxies=[proxy("b", provider="in-cluster", port=80)], settings=SETTINGS)
+    # Below 1024 the container listens on 3128 (no NET_BIND_SERVICE); the Service still publishes port 80.
+    assert mocks.one(SERVICE).inputs["spec"]["ports"][0]["targetPort"] == 3128
+
+
+def test_cluster_ip_publishes_the_cluster_dns_name(mocks: RecordingMocks) -> None:
+    outputs = run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster", port=3128)], settings=SETTINGS)
+
+    assert outputs["proxies"]["crawl/a"] == {
+        "host": "px-crawl-a.proxies.svc.cluster.local",
+        "port": 3128,
+        "protocol": "http",
+        "instanceId": "crawl/a-id",
+    }
+    assert mocks.one(SERVICE).inputs["metadata"]["name"] == "px-crawl-a"
+
+
+def test_load_balancer_publishes_the_ingress_ip_and_limits_sources(mocks: RecordingMocks) -> None:
+    spec = {
+        "provider": "in-cluster",
+        "allowedSourceRanges": ["203.0.113.0/24"],
+        "kubernetes": {"serviceType": "LoadBalancer"},
+    }
+    outputs = run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
+    service = mocks.one(SERVICE).inputs["spec"]
+
+    assert outputs["proxies"]["crawl/a"]["host"] == LB_IP
+    assert service["loadBalancerSourceRanges"] == ["203.0.113.0/24"]
+    assert service["externalTrafficPolicy"] == "Local"
+
+
+def test_network_policy_admits_only_the_ranges_on_the_proxy_port(mocks: RecordingMocks) -> None:
+    spec = {"provider": "in-cluster", "port": 8080, "allowedSourceRanges": ["10.1.0.0/16"]}
+    run(entry=ENTRY, proxies=[proxy("a", **spec), proxy("open", provider="in-cluster")], settings=SETTINGS)
+    [policy] = mocks.of_type(POLICY)  # none for the proxy without ranges (credentials still required)
+    rules = policy.inputs["spec"]
+
+    assert rules["podSelector"] == {"matchLabels": {"app.kubernetes.io/instance": "px-crawl-a"}}
+    assert rules["ingress"] == [
+        {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 8080, "protocol": "TCP"}]}
+    ]
+
+
+def test_every_object_is_labelled_with_the_service_the_proxy_and_the_stack(mocks: RecordingMocks) -> None:
+    spec = {"provider": "in-cluster", "allowedSourceRanges": ["10.1.0.0/16"]}
+    run(entry=ENTRY, proxies=[proxy("a", namespace="team-x", **spec)], settings=SETTINGS)
+
+    for typ in (SECRET, DEPLOYMENT, SERVICE, POLICY):
+        metadata = mocks.one(typ).inputs["metadata"]
+        assert metadata["namespace"] == "proxies"
+        assert metadata["labels"]["app.kubernetes.io/managed-by"] == "proxy-operator"
+        assert metadata["labels"]["crawl.example.com/proxy-namespace"] == "team-x"
+        assert metadata["labels"]["crawl.example.com/proxy-name"] == "a"
+        assert metadata["labels"]["crawl.example.com/stack"] == "in-cluster"
+
+
+@pytest.mark.parametrize(
+    ("kubeconfig_secret", "expect_kubeconfig"), [(None, False), ("remote-kubeconfig", True)]
+)
+def test_provider_uses_the_kubeconfig_only_when_the_catalogue_names_one(
+    mocks: RecordingMocks,
+    kubeconfig_secret: str | None,
+    expect_kubeconfig: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KUBECONFIG", raising=False)  # the SDK would take it as the default kubeconfig
+    entry = KubernetesProvider(name="in-cluster", type="kubernetes", kubeconfigSecret=kubeconfig_secret)
+    settings = ProgramSettings(
+        stack="in-cluster", root_dir="/tmp", provider_credentials=pulumi.Output.secret("kc")
+    )
+    run(entry=entry, proxies=[proxy("a", provider="in-cluster")], settings=settings)
+    [k8s_provider] = [r for r in mocks.resources if r.typ == "pulumi:providers:kubernetes"]
+
+    assert k8s_provider.inputs["namespace"] == "proxies"
+    assert ("kubeconfig" in k8s_provider.inputs) is expect_kubeconfig
