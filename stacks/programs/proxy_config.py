@@ -14,7 +14,7 @@ import yaml
 
 from stacks.programs.component import Credentials, InvalidInputError
 
-SAFE_CREDENTIAL = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+SAFE_CREDENTIAL = re.compile(r"[A-Za-z0-9._-]{1,128}")
 SETUP_PATH = "/usr/local/sbin/proxy-operator-setup"
 EOF_MARK = "PROXY_OPERATOR_EOF"
 
@@ -30,7 +30,7 @@ class ProxySettings:
 def check_credentials(credentials: Credentials, *, where: str) -> Credentials:
     """Refuse characters that tinyproxy's BasicAuth, dante's passwd and pproxy's URI cannot carry."""
     for field_name in ("username", "password"):
-        if not SAFE_CREDENTIAL.match(getattr(credentials, field_name)):
+        if not SAFE_CREDENTIAL.fullmatch(getattr(credentials, field_name)):
             raise InvalidInputError(
                 f"{where}: the {field_name} may hold only letters, digits, '.', '_' and '-' "
                 "(1-128 characters); change it in the referenced Secret"
