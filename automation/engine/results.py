@@ -51,30 +51,36 @@ class PreviewStep:
 
 
 def steps_from_events(events: list[ev.EngineEvent]) -> list[PreviewStep]:
-    proxies: dict[str, str] = {}
-    steps = []
-    for event in events:
-        if event.resource_pre_event is None:
-            continue
-        meta = event.resource_pre_event.metadata
-        state = meta.new or meta.old
-        parent = state.parent if state is not None else None
-        if urn_type(meta.urn) == COMPONENT_TYPE:
-            proxies[meta.urn] = urn_name(meta.urn)
-        elif parent in proxies:
-            proxies[meta.urn] = proxies[parent]
-        op = _op_name(meta.op)
-        steps.append(
-            PreviewStep(
-                op=op,
-                urn=meta.urn,
-                type=meta.type,
-                name=urn_name(meta.urn),
-                proxy=proxies.get(meta.urn),
-                diffs=tuple(meta.diffs or ()),
-            )
+    metas = [e.resource_pre_event.metadata for e in events if e.resource_pre_event is not None]
+    # Parents first, in a second pass: a delete lists children before their parent component.
+    parents = {meta.urn: _parent(meta) for meta in metas}
+    return [
+        PreviewStep(
+            op=_op_name(meta.op),
+            urn=meta.urn,
+            type=meta.type,
+            name=urn_name(meta.urn),
+            proxy=_proxy_of(meta.urn, parents),
+            diffs=tuple(meta.diffs or ()),
         )
-    return steps
+        for meta in metas
+    ]
+
+
+def _parent(meta: ev.StepEventMetadata) -> str | None:
+    state = meta.new or meta.old
+    return state.parent if state is not None else None
+
+
+def _proxy_of(urn: str | None, parents: dict[str, str | None]) -> str | None:
+    """The key of the proxy component at or above `urn`, if any."""
+    seen: set[str] = set()
+    while urn and urn not in seen:
+        if urn_type(urn) == COMPONENT_TYPE:
+            return urn_name(urn)
+        seen.add(urn)
+        urn = parents.get(urn)
+    return None
 
 
 def _op_name(op: ev.OpType) -> str:
