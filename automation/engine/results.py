@@ -61,7 +61,7 @@ def steps_from_events(events: list[ev.EngineEvent]) -> list[PreviewStep]:
             type=meta.type,
             name=urn_name(meta.urn),
             proxy=_proxy_of(meta.urn, parents),
-            diffs=tuple(meta.diffs or ()),
+            diffs=tuple(meta.diffs or meta.keys or ()),  # keys: what forces a replacement
         )
         for meta in metas
     ]
