@@ -320,3 +320,14 @@ def pproxies() -> Iterator[Callable[..., Pproxy]]:
     yield start
     for proxy in started:
         proxy.stop()
+
+
+@pytest.fixture
+def echo_url() -> Iterator[str]:
+    """The service's own echo route on a live uvicorn: the default probe URL."""
+    inventory = Inventory()
+    discovery = DiscoveryService(inventory=inventory, store=MemoryStore(), settings=DiscoverySettings())
+    app = create_app(inventory=inventory, discovery=discovery, authenticator=TokenAuthenticator([]))
+    server = UvicornThread(app).start()
+    yield f"{server.url}/v1/echo"
+    server.stop()
