@@ -1,0 +1,111 @@
+"""The preview report as text for a terminal, JSON for machines, Markdown for a pull-request comment."""
+
+from __future__ import annotations
+
+from automation.preview_model import PROXY_OPS, PreviewReport, StackPreview
+
+SYMBOLS = {"create": "+", "update": "~", "replace": "+-", "delete": "-"}
+TITLE = "proxy-operator preview"
+
+
+def render_json(report: PreviewReport) -> str:
+    return report.model_dump_json(by_alias=True, indent=2)
+
+
+def render_text(report: PreviewReport) -> str:
+    lines: list[str] = []
+    for stack in report.stacks:
+        lines.append(f"stack {stack.name}: {_state(stack)}")
+        lines.extend(f"  {SYMBOLS[op]:<2} {op:<7} {key}{_fields(stack, key)}" for op, key in _rows(stack))
+        if stack.resource_changes:
+            lines.append(f"  resources: {_counts(stack.resource_changes)}")
+        lines.extend(f"  skipped {key}: {why}" for key, why in sorted(stack.skipped.items()))
+    lines.extend(f"problem: {problem}" for problem in report.problems)
+    lines.append(_summary(report))
+    return "\n".join(lines)
+
+
+def render_markdown(report: PreviewReport) -> str:
+    lines = [f"### {TITLE}", "", _summary(report), ""]
+    lines += ["| Stack | Operation | Create | Update | Replace | Delete | Result |"]
+    lines += ["|---|---|---:|---:|---:|---:|---|"]
+    for stack in report.stacks:
+        counts = " | ".join(str(stack.proxies.count(op)) for op in PROXY_OPS)
+        lines.append(f"| `{_cell(stack.name)}` | {stack.operation} | {counts} | {_result(stack)} |")
+    for stack in report.stacks:
+        lines += ["", *_details(stack)]
+    if report.problems:
+        lines += ["", "**Problems**", "", *(f"- {_cell(problem)}" for problem in report.problems)]
+    return "\n".join(lines) + "\n"
+
+
+# --- pieces ---------------------------------------------------------------------------------------------
+
+
+def _rows(stack: StackPreview) -> list[tuple[str, str]]:
+    return [(op, key) for op in PROXY_OPS for key in getattr(stack.proxies, op)]
+
+
+def _fields(stack: StackPreview, key: str) -> str:
+    """The input fields whose change drives a proxy's update or replacement, if the engine named them."""
+    diffs = sorted({diff for step in stack.steps if step.proxy == key for diff in step.diffs})
+    return f" ({', '.join(diffs)})" if diffs else ""
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{op} {number}" for op, number in counts.items())
+
+
+def _state(stack: StackPreview) -> str:
+    if stack.error:
+        return f"{stack.operation}: preview FAILED: {stack.error}"
+    if stack.operation == "none" and not stack.previewed:
+        return "unchanged (applied hash matches), not previewed"
+    if not stack.changed:
+        return f"{stack.operation}: no changes"
+    return stack.operation
+
+
+def _result(stack: StackPreview) -> str:
+    if stack.error:
+        return "failed"
+    if not stack.previewed:
+        return "unchanged"
+    return "changes" if stack.changed else "no changes"
+
+
+def _summary(report: PreviewReport) -> str:
+    totals = report.totals
+    proxies = ", ".join(f"{getattr(totals, op)} to {op}" for op in PROXY_OPS)
+    return (
+        f"{totals.stacks} stack(s), {totals.changed_stacks} with changes, {totals.failed_stacks} failed; "
+        f"proxies: {proxies}"
+    )
+
+
+def _details(stack: StackPreview) -> list[str]:
+    counts = ", ".join(f"{stack.proxies.count(op)} to {op}" for op in PROXY_OPS if stack.proxies.count(op))
+    headline = f"{_state(stack)}: {counts}" if counts and not stack.error else _state(stack)
+    summary = f"<code>{_html(stack.name)}</code>: {_html(headline)}"
+    body: list[str] = []
+    rows = _rows(stack)
+    if rows:
+        body += ["| Proxy | Change | Fields |", "|---|---|---|"]
+        body += [f"| `{_cell(key)}` | {op} | {_cell(_fields(stack, key).strip(' ()'))} |" for op, key in rows]
+    if stack.resource_changes:
+        body += ["", f"Resources: {_counts(stack.resource_changes)}"]
+    body += [f"- skipped `{_cell(key)}`: {_cell(why)}" for key, why in sorted(stack.skipped.items())]
+    if stack.error:
+        body += ["", "```", stack.error.replace("```", "'''"), "```"]
+    if not body:
+        body = ["Nothing to do."]
+    return ["<details>", f"<summary>{summary}</summary>", "", *body, "", "</details>"]
+
+
+def _cell(text: str) -> str:
+    """Markdown table cells: a pipe or a newline would break the row."""
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _html(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")

@@ -1,0 +1,149 @@
+"""`proxy-operator preview` and `proxy-operator stacks ...`: thin commands over functions tests call."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from automation.engine import Engine
+from automation.errors import ProxyOperatorError
+from automation.inspect import StackInspector, StackNotFoundError, StackSummary
+from automation.preview import DesiredState, preview
+from automation.preview_model import PreviewReport
+from automation.preview_render import render_json, render_markdown, render_text
+from service.config import OperatorSettings
+from service.logging_setup import configure_logging
+from service.sources.directory import DirectorySource
+from service.validate import validate_manifests
+from stacks.models import ProviderCatalogue
+
+stacks_app = typer.Typer(no_args_is_help=True, help="Inspect the Pulumi stacks: one per provider entry.")
+
+STATE_DIR = typer.Option(Path(".state"), "--state-dir", help="Work dirs, default file backend.")
+NAME = typer.Argument(..., help="Stack name (= provider catalogue entry).")
+
+
+# --- functions ------------------------------------------------------------------------------------------
+
+
+def preview_manifests(
+    settings: OperatorSettings, manifests: Path, *, all_stacks: bool = False
+) -> PreviewReport:
+    """Load a (validated) manifests folder and preview the stacks it would change."""
+    source = DirectorySource(manifests)
+    source.poll()
+    desired = DesiredState(
+        catalogue=source.catalogue or ProviderCatalogue(), proxies=source.proxies(), credentials=source
+    )
+    return preview(Engine(settings.engine_config()), desired, all_stacks=all_stacks)
+
+
+def inspector(state_dir: Path) -> StackInspector:
+    return StackInspector(Engine(OperatorSettings(state_dir=state_dir).engine_config()))
+
+
+def summary_table(stacks: list[StackSummary]) -> str:
+    header = ("NAME", "TYPE", "PROXIES", "RESOURCES", "LAST OPERATION", "RESULT", "APPLIED HASH")
+    rows = [header] + [
+        (
+            s.name,
+            s.provider_type or "?",
+            str(len(s.proxies)),
+            str(s.resource_count),
+            s.last_operation or "-",
+            s.last_result or "-",
+            (s.applied_hash or "-")[:12],
+        )
+        for s in stacks
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(1)
+
+
+# --- commands -------------------------------------------------------------------------------------------
+
+
+def preview_command(
+    manifests: Path = typer.Option(..., "--manifests", help="Folder of Proxy manifests and one catalogue."),
+    all_stacks: bool = typer.Option(False, "--all", help="Preview every stack, changed or not."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable report (schemaVersion 1)."),
+    markdown: bool = typer.Option(False, "--markdown", help="Summary for a pull-request comment."),
+    state_dir: Path = STATE_DIR,
+) -> None:
+    """Preview what applying the manifests would create, update, replace and delete; exit 1 on a problem."""
+    if as_json and markdown:
+        raise typer.BadParameter("choose one of --json and --markdown")
+    configure_logging(level="WARNING")  # logs on stderr; stdout carries the report only
+    report = validate_manifests(manifests)
+    if not report.ok:
+        for problem in report.problems:
+            typer.echo(str(problem), err=True)
+        raise _fail(report.summary())
+    try:
+        result = preview_manifests(OperatorSettings(state_dir=state_dir), manifests, all_stacks=all_stacks)
+    except ProxyOperatorError as exc:
+        raise _fail(f"{exc.reason}: {exc.message}") from exc
+    render = render_json if as_json else render_markdown if markdown else render_text
+    typer.echo(render(result))
+    raise typer.Exit(0 if result.ok else 1)
+
+
+@stacks_app.command("list")
+def list_command(
+    state_dir: Path = STATE_DIR,
+    as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
+) -> None:
+    """Each stack: provider type, proxies, resources, last operation and result, applied hash."""
+    stacks = inspector(state_dir).list_stacks()
+    if as_json:
+        typer.echo(_dump([s.model_dump(mode="json", by_alias=True) for s in stacks]))
+    elif stacks:
+        typer.echo(summary_table(stacks))
+    else:
+        typer.echo("no stacks")
+
+
+@stacks_app.command("show")
+def show_command(name: str = NAME, state_dir: Path = STATE_DIR) -> None:
+    """One stack in full (JSON), secret outputs masked."""
+    detail = inspector(state_dir).get_stack(name)
+    if detail is None:
+        raise _fail(StackNotFoundError(name).message)
+    typer.echo(_dump(detail.model_dump(mode="json", by_alias=True)))
+
+
+@stacks_app.command("outputs")
+def outputs_command(
+    name: str = NAME,
+    show_secrets: bool = typer.Option(False, "--show-secrets", help="Print secret outputs in clear."),
+    state_dir: Path = STATE_DIR,
+) -> None:
+    """A stack's outputs (JSON); secret ones read "[secret]" unless --show-secrets."""
+    try:
+        found = inspector(state_dir).outputs(name, show_secrets=show_secrets)
+    except StackNotFoundError as exc:
+        raise _fail(exc.message) from exc
+    typer.echo(_dump(found.outputs))
+
+
+@stacks_app.command("export")
+def export_command(name: str = NAME, state_dir: Path = STATE_DIR) -> None:
+    """A stack's raw state, as `pulumi stack export` (secrets stay encrypted)."""
+    try:
+        typer.echo(_dump(inspector(state_dir).export(name)))
+    except StackNotFoundError as exc:
+        raise _fail(exc.message) from exc
