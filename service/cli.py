@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from service.cli_stacks import preview_command, stacks_app
 from service.config import OperatorSettings
 from service.logging_setup import configure_logging
 from service.runner import apply_once
@@ -18,6 +19,10 @@ app = typer.Typer(no_args_is_help=True, help="Run and inspect a fleet of forward
 @app.callback()
 def main() -> None:
     """proxy-operator: Proxy objects in, one Pulumi stack per provider, a discovery API out."""
+
+
+app.add_typer(stacks_app, name="stacks")
+app.command("preview")(preview_command)
 
 
 @app.command()
