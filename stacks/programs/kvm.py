@@ -21,7 +21,13 @@ import pulumi
 import pulumi_libvirt as libvirt
 
 from stacks.models import KvmHost, KvmProvider
-from stacks.programs.component import InvalidInputError, ProgramProxy, ProxyEndpoint, physical_name
+from stacks.programs.component import (
+    InvalidInputError,
+    ProgramProxy,
+    ProxyEndpoint,
+    physical_name,
+    short_hash,
+)
 from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
 from stacks.programs.credentials import StableSuffix
 from stacks.programs.proxy_config import cloud_init_meta_data, cloud_init_user_data
@@ -119,12 +125,16 @@ def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> Proxy
         format="qcow2",
         opts=opts,
     )
+    user_data = proxy_settings(ctx).apply(lambda s: cloud_init_user_data(s, hostname=name))
+    # A new configuration is a new cloud-init instance (so cloud-init runs the setup again on the same
+    # disk) and a new ISO name (so the replacement ISO never collides with the one in use).
+    config_id = user_data.apply(lambda text: f"{name}-{short_hash(text)}")
     cloud_init = libvirt.CloudInitDisk(
         ctx.proxy.key,
-        name=f"{name}-cloudinit.iso",
+        name=config_id.apply(lambda cid: f"{cid}-cloudinit.iso"),
         pool=pool,
-        user_data=proxy_settings(ctx).apply(lambda s: cloud_init_user_data(s, hostname=name)),
-        meta_data=cloud_init_meta_data(instance_id=name, hostname=name),
+        user_data=user_data,
+        meta_data=config_id.apply(lambda cid: cloud_init_meta_data(instance_id=cid, hostname=name)),
         opts=opts,
     )
     domain = libvirt.Domain(
@@ -138,7 +148,10 @@ def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> Proxy
         disks=[{"volume_id": volume.id}],
         network_interfaces=[{"network_name": network, "hostname": name, "wait_for_lease": True}],
         consoles=[{"type": "pty", "target_port": "0", "target_type": "serial"}],
-        opts=opts,
+        # libvirt would swap the ISO in place and the running VM would never read it: replace the domain.
+        opts=pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(replace_on_changes=["cloudinit"], delete_before_replace=True)
+        ),
     )
     address = domain.network_interfaces.apply(lambda nics: nics[0].addresses[0])
     return ProxyEndpoint(host=address, port=spec.port, protocol=spec.protocol.value, instance_id=domain.id)

@@ -124,7 +124,24 @@ def test_cloud_init_installs_tinyproxy_with_credentials(mocks: RecordingMocks) -
     assert "Port 8080" in setup["content"]
     assert f"BasicAuth {GENERATED['username']} {GENERATED['password']}" in setup["content"]
     assert "Allow 192.168.1.0/24" in setup["content"]
-    assert "instance-id: px-crawl-a" in disk["metaData"]
+    assert disk["metaData"].startswith("instance-id: px-crawl-a-")
+
+
+def _cloud_init_for(port: int) -> dict[str, Any]:
+    mocks = RecordingMocks(computed={DOMAIN: _lease})
+    install(mocks, stack="kvm-home")
+    run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", port=port)], settings=SETTINGS)
+    return mocks.one(CLOUD_INIT).inputs
+
+
+def test_a_new_configuration_is_a_new_cloud_init_instance_and_iso() -> None:
+    first, same, changed = _cloud_init_for(3128), _cloud_init_for(3128), _cloud_init_for(3129)
+
+    # cloud-init runs the setup once per instance-id: a new config needs a new id to be applied on boot.
+    assert first["metaData"] == same["metaData"]
+    assert first["metaData"] != changed["metaData"]
+    assert first["name"] != changed["name"]
+    assert first["name"].endswith("-cloudinit.iso")
 
 
 def test_domain_uses_the_disks_and_waits_for_a_lease_which_is_published(mocks: RecordingMocks) -> None:
