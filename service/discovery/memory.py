@@ -80,10 +80,10 @@ class MemoryStore:
         # New proxies go to the front: never used is the least recently used.
         if candidates is self._last_candidates:
             return
-        for key in candidates:
-            if key not in self._lru:
-                self._lru[key] = None
-                self._lru.move_to_end(key, last=False)
+        new = sorted((key for key in candidates if key not in self._lru), reverse=True)
+        for key in new:  # ties among the never used go by key, as in the Redis store
+            self._lru[key] = None
+            self._lru.move_to_end(key, last=False)
         self._last_candidates = candidates
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:

@@ -1,0 +1,121 @@
+"""The Store protocol, asserted the same on the memory store and on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from service.discovery.backoff import FullJitter
+from service.discovery.store import AcquireRequest, Store
+from tests.service.conftest import StoreFactory
+
+T = TypeVar("T")
+NOW = 1_800_000_000.0
+
+
+def run(store_factory: StoreFactory, scenario: Callable[[Store], Awaitable[T]]) -> T:
+    async def main() -> T:
+        store = store_factory()
+        try:
+            return await scenario(store)
+        finally:
+            await store.close()
+
+    return asyncio.run(main())
+
+
+def request(
+    *candidates: str, count: int = 1, ttl: float = 5, cooldown: float = 10, **kw: object
+) -> AcquireRequest:
+    return AcquireRequest(
+        client=str(kw.get("client", "c")),
+        target=str(kw.get("target", "t")),
+        candidates=list(candidates),
+        count=count,
+        ttl=ttl,
+        cooldown=cooldown,
+        lease_ids=[f"id-{i}-{kw.get('tag', '')}" for i in range(count)],
+        ignore_cooldown=bool(kw.get("ignore_cooldown", False)),
+    )
+
+
+def test_acquire_is_lru_and_reports_the_earliest_eligible(store_factory: StoreFactory) -> None:
+    async def scenario(store: Store) -> None:
+        first = await store.acquire(request("a", "b", count=2, tag="1"), now=NOW)
+        assert [lease.proxy for lease in first.leases] == ["a", "b"]
+        none = await store.acquire(request("a", "b", tag="2"), now=NOW + 1)
+        assert none.leases == []
+        assert none.earliest == pytest.approx(NOW + 10)
+        other_target = await store.acquire(request("b", "a", target="u", tag="3"), now=NOW + 2)
+        assert [lease.proxy for lease in other_target.leases] == ["a"]  # a was used longest ago
+        sticky = await store.acquire(request("a", ignore_cooldown=True, tag="4"), now=NOW + 3)
+        assert [lease.proxy for lease in sticky.leases] == ["a"]
+
+    run(store_factory, scenario)
+
+
+def test_release_ends_the_hold_but_not_the_cooldown(store_factory: StoreFactory) -> None:
+    async def scenario(store: Store) -> None:
+        lease = (await store.acquire(request("a", ttl=100, cooldown=10, tag="1"), now=NOW)).leases[0]
+        assert (await store.acquire(request("a", tag="2"), now=NOW + 50)).earliest == pytest.approx(NOW + 100)
+        released = await store.release(lease.lease_id, now=NOW + 5, cooldown=10)
+        assert released is not None
+        assert released.released
+        assert (await store.acquire(request("a", tag="3"), now=NOW + 6)).earliest == pytest.approx(NOW + 10)
+        assert await store.release(lease.lease_id, now=NOW + 7, cooldown=10) is None  # only once
+        kept = await store.get_lease(lease.lease_id, now=NOW + 7)
+        assert kept is not None
+        assert kept.proxy == "a"  # kept for late reports
+
+    run(store_factory, scenario)
+
+
+def test_penalty_is_full_jitter_per_target_and_forgiven(store_factory: StoreFactory) -> None:
+    schedule = FullJitter(base=300, cap=1000)
+
+    async def scenario(store: Store) -> None:
+        for strikes_before, fraction in enumerate([0.5, 0.5, 0.9, 0.1]):
+            now = NOW + 5000 * strikes_before
+            penalty = await store.penalise(
+                proxy="a", target="t", now=now, base=300, cap=1000, fraction=fraction
+            )
+            assert penalty.strikes == strikes_before + 1
+            assert penalty.until == pytest.approx(now + schedule.delay(strikes_before, fraction))
+        assert [p.target for p in await store.penalties("a", now=NOW + 15000)] == ["t"]
+        assert (await store.acquire(request("a", target="t"), now=NOW + 15001)).leases == []
+        assert len((await store.acquire(request("a", target="other"), now=NOW + 15001)).leases) == 1
+        await store.forgive(proxy="a", target="t")
+        assert await store.penalties("a", now=NOW) == []
+        again = await store.penalise(proxy="a", target="t", now=NOW, base=300, cap=1000, fraction=1.0)
+        assert again.strikes == 1  # the good report reset the count
+
+    run(store_factory, scenario)
+
+
+def test_a_new_ban_never_shortens_a_running_penalty(store_factory: StoreFactory) -> None:
+    async def scenario(store: Store) -> None:
+        long = await store.penalise(proxy="a", target="t", now=NOW, base=300, cap=3600, fraction=0.99)
+        short = await store.penalise(proxy="a", target="t", now=NOW + 1, base=300, cap=3600, fraction=0.0)
+        assert short.until == pytest.approx(long.until)
+
+    run(store_factory, scenario)
+
+
+def test_sessions_expire_when_idle(store_factory: StoreFactory) -> None:
+    async def scenario(store: Store) -> None:
+        await store.bind_session(client="c", session="s", proxy="a", now=NOW, idle=30)
+        assert await store.get_session(client="c", session="s", now=NOW + 29, idle=30) == "a"
+        assert await store.get_session(client="other", session="s", now=NOW, idle=30) is None
+        assert await store.get_session(client="c", session="s", now=NOW + 30, idle=30) is None
+
+    run(store_factory, scenario)
+
+
+def test_the_backoff_schedule() -> None:
+    schedule = FullJitter(base=300, cap=3600)
+    assert [schedule.ceiling(n) for n in range(6)] == [300, 600, 1200, 2400, 3600, 3600]
+    assert schedule.delay(1, 0.5) == 300
+    assert schedule.ceiling(10_000) == 3600  # no overflow
