@@ -10,7 +10,7 @@ import typer
 
 from automation.engine import Engine
 from automation.errors import ProxyOperatorError
-from automation.inspect import StackInspector, StackNotFoundError, StackSummary
+from automation.inspect import StackDetail, StackInspector, StackNotFoundError, StackSummary
 from automation.preview import DesiredState, preview
 from automation.preview_model import PreviewReport
 from automation.preview_render import render_json, render_markdown, render_text
@@ -63,6 +63,24 @@ def summary_table(stacks: list[StackSummary]) -> str:
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
     )
+
+
+def describe(detail: StackDetail, *, width: int = 160) -> str:
+    """A stack for a terminal; long outputs are cut (`stacks outputs NAME` prints them whole)."""
+    last = " ".join(str(v) for v in (detail.last_operation, detail.last_result, detail.last_finished) if v)
+    lines = [
+        f"name:           {detail.name}",
+        f"provider:       {detail.provider} (type {detail.provider_type or 'unknown'})",
+        f"proxies:        {len(detail.proxies)}: {', '.join(detail.proxies) or '-'}",
+        f"resources:      {detail.resource_count}",
+        f"last operation: {last or '-'}",
+        f"applied hash:   {detail.applied_hash or '-'}",
+        "outputs:",
+    ]
+    for key, value in sorted(detail.outputs.items()):
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        lines.append(f"  {key}: {text if len(text) <= width else text[: width - 3] + '...'}")
+    return "\n".join(lines)
 
 
 def _dump(value: Any) -> str:
@@ -118,12 +136,16 @@ def list_command(
 
 
 @stacks_app.command("show")
-def show_command(name: str = NAME, state_dir: Path = STATE_DIR) -> None:
-    """One stack in full (JSON), secret outputs masked."""
+def show_command(
+    name: str = NAME,
+    state_dir: Path = STATE_DIR,
+    as_json: bool = typer.Option(False, "--json", help="The full record as JSON."),
+) -> None:
+    """One stack: provider, proxies, resources, last operation, applied hash, outputs (secrets masked)."""
     detail = inspector(state_dir).get_stack(name)
     if detail is None:
         raise _fail(StackNotFoundError(name).message)
-    typer.echo(_dump(detail.model_dump(mode="json", by_alias=True)))
+    typer.echo(_dump(detail.model_dump(mode="json", by_alias=True)) if as_json else describe(detail))
 
 
 @stacks_app.command("outputs")
