@@ -67,6 +67,9 @@ class Reconciler:
         else:
             self.reporter.stack_applied(plan, outputs=self._outputs.get(name, {}), result=None)
         self._release(plan.deleting)
+        if plan.deleting and not self.planner.plan(name).referenced:
+            await self._destroy(name)  # the last proxies just left: nothing may stay behind
+            return
         if name in self._drift_due:
             self._drift_due.discard(name)
             if plan.entry.drift_policy == "detect":

@@ -123,8 +123,8 @@ class Controller:
             out = published.get(key)
             address = Address(host=out["host"], port=int(out["port"])) if out and out.get("host") else None
             self.status.set_applied(key, stack=plan.name, spec_hash=planned.spec_hash, address=address)
-            if out is None:
-                continue  # left out (e.g. its Secret is missing): reported already
+            if out is None or key in self.planner.rejected:
+                continue  # left out, or running its last good version: the problem stays shown
             self.status.set_condition(
                 key,
                 type_="Provisioned",
@@ -177,12 +177,13 @@ class Controller:
         error = self.planner.rejected.get(proxy.key)
         if error is None:
             return
+        kept = " (its last valid version stays applied)" if self.status.get(proxy.key).stack else ""
         self.status.set_condition(
             proxy.key,
             type_="Provisioned",
             true=False,
             reason=error.reason,
-            message=error.message,
+            message=error.message + kept,
             warning=True,
         )
 
