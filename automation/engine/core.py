@@ -143,6 +143,18 @@ class Engine:
             exported = stack.export_stack()
             return {"version": exported.version, "deployment": exported.deployment}
 
+    def export_stored(self, name: str) -> dict[str, Any]:
+        """The state as stored, secret values still encrypted (`export` above decrypts them)."""
+        workspace = self._workspace(name)
+        home = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
+        try:
+            result = self._command.run(
+                ["stack", "export", "--stack", name], workspace.work_dir, {**home, **workspace.env_vars}
+            )
+        except auto.errors.CommandError as exc:
+            raise translate(exc, stack=name) from exc
+        return dict(json.loads(result.stdout))
+
     def applied_hash(self, name: str) -> str | None:
         """The spec hash of the last successful `up` (an output of the stack, so a restart finds it)."""
         if not self.exists(name):
