@@ -89,10 +89,10 @@ class StackInspector:
             secret_keys=sorted(key for key, (_value, secret) in raw.items() if secret),
         )
 
-    def export(self, name: str) -> dict[str, Any]:
-        """The raw state (`pulumi stack export`): secret values stay encrypted."""
+    def export(self, name: str, *, show_secrets: bool = False) -> dict[str, Any]:
+        """The raw state (`pulumi stack export`): secret values stay ciphertext unless asked for."""
         self._require(name)
-        return self.engine.export(name)
+        return self.engine.export(name) if show_secrets else self.engine.export_stored(name)
 
     def _require(self, name: str) -> None:
         if not self.engine.exists(name):
@@ -100,7 +100,7 @@ class StackInspector:
 
     def _detail(self, name: str) -> StackDetail:
         info = self.engine.info(name)
-        deployment = self.engine.export(name).get("deployment") or {}
+        deployment = self.engine.export_stored(name).get("deployment") or {}
         return detail_from(info, provider_type=provider_type(deployment))
 
 

@@ -163,9 +163,13 @@ def outputs_command(
 
 
 @stacks_app.command("export")
-def export_command(name: str = NAME, state_dir: Path = STATE_DIR) -> None:
-    """A stack's raw state, as `pulumi stack export` (secrets stay encrypted)."""
+def export_command(
+    name: str = NAME,
+    show_secrets: bool = typer.Option(False, "--show-secrets", help="Decrypt secret values."),
+    state_dir: Path = STATE_DIR,
+) -> None:
+    """A stack's raw state, as `pulumi stack export` prints it (secret values stay encrypted)."""
     try:
-        typer.echo(_dump(inspector(state_dir).export(name)))
+        typer.echo(_dump(inspector(state_dir).export(name, show_secrets=show_secrets)))
     except StackNotFoundError as exc:
         raise _fail(exc.message) from exc
