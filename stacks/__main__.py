@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 # The language host runs this file with stacks/ as the working directory and first import path; the
@@ -35,7 +36,9 @@ from stacks.programs.context import DEFAULT_KVM_SSH_DIR, ProgramSettings  # noqa
 def _settings(config: pulumi.Config) -> ProgramSettings:
     return ProgramSettings(
         stack=pulumi.get_stack(),
-        root_dir=pulumi.get_root_directory() or os.getcwd(),
+        # The project root is the stack's work directory (writable); a host that does not report it gets
+        # a temp folder rather than the (possibly read-only) source tree.
+        root_dir=pulumi.get_root_directory() or os.path.join(tempfile.gettempdir(), "proxy-operator"),
         provider_credentials=config.get_secret("providerCredentials"),
         kvm_ssh_dir=config.get("kvmSshDir")
         or os.environ.get("PROXY_OPERATOR_KVM_SSH_DIR", DEFAULT_KVM_SSH_DIR),

@@ -171,3 +171,39 @@ def test_start_failure_names_the_cause(tmp_path: Path) -> None:
         props = {"state_dir": str(tmp_path), "stem": "busy", "bind_address": "127.0.0.1", "port": port}
         with pytest.raises(proc.ProxyStartError, match="exited before listening"):
             LocalProxyProvider().create({**props, "protocol": "http", "username": None})
+
+
+def _socks5_get(proxy_port: int, origin: str, *, username: str, password: str) -> bytes:
+    """A minimal SOCKS5 client (RFC 1928/1929): user/pass auth, CONNECT, then one HTTP GET."""
+    origin_port = int(origin.rsplit(":", 1)[1].strip("/"))
+    with socket.create_connection(("127.0.0.1", proxy_port), timeout=5) as sock:
+        sock.sendall(b"\x05\x01\x02")
+        assert sock.recv(2) == b"\x05\x02"
+        user, secret = username.encode(), password.encode()
+        sock.sendall(b"\x01" + bytes([len(user)]) + user + bytes([len(secret)]) + secret)
+        if sock.recv(2) != b"\x01\x00":
+            return b""
+        sock.sendall(b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1") + origin_port.to_bytes(2, "big"))
+        assert sock.recv(10)[:2] == b"\x05\x00"
+        sock.sendall(b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        chunks = []
+        while chunk := sock.recv(4096):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def test_socks5_process_authenticates_and_delete_stops_it(tmp_path: Path, origin: str) -> None:
+    port = free_port()
+    props = {"state_dir": str(tmp_path), "stem": "crawl_socks", "bind_address": "127.0.0.1", "port": port}
+    props |= {"protocol": "socks5", "username": "crawler", "password": "Sock5Pass"}
+    provider = LocalProxyProvider()
+    created = provider.create(props)
+    ref = proc.ProcessRef(pid=created.outs["pid"], start_time=created.outs["start_time"])
+    try:
+        assert _socks5_get(port, origin, username="crawler", password="Sock5Pass").endswith(PAGE)
+        assert _socks5_get(port, origin, username="crawler", password="wrong") == b""
+        assert "Sock5Pass" not in Path(f"/proc/{ref.pid}/cmdline").read_text()  # read from a 0600 file
+    finally:
+        provider.delete(created.id, created.outs)
+    assert not proc.is_running(ref)
+    assert not (tmp_path / "crawl_socks.auth").exists()
