@@ -74,7 +74,8 @@ class Engine:
         """Preview a refresh: what differs between state and the real resources, changing nothing."""
         with self._operation(name, "preview-refresh", create=False) as (stack, events):
             self._retry_lock(stack, lambda: stack.preview_refresh(on_event=events))
-            return [step for step in steps_from_events(events.events) if step.op not in ("same", "read")]
+            steps = steps_from_events(events.events, outcomes=True)
+            return [step for step in steps if step.op not in ("same", "read", "refresh")]
 
     def destroy(self, name: str) -> OperationResult | None:
         """Destroy every resource of a stack, then remove the stack. None when there was no stack."""

@@ -50,8 +50,13 @@ class PreviewStep:
     diffs: tuple[str, ...] = ()
 
 
-def steps_from_events(events: list[ev.EngineEvent]) -> list[PreviewStep]:
-    metas = [e.resource_pre_event.metadata for e in events if e.resource_pre_event is not None]
+def steps_from_events(events: list[ev.EngineEvent], *, outcomes: bool = False) -> list[PreviewStep]:
+    """Steps as announced before they run; with `outcomes`, as they turned out (a refresh step is
+    announced as `refresh` and ends as `same`, `update` or `delete`)."""
+    if outcomes:
+        metas = [e.res_outputs_event.metadata for e in events if e.res_outputs_event is not None]
+    else:
+        metas = [e.resource_pre_event.metadata for e in events if e.resource_pre_event is not None]
     # Parents first, in a second pass: a delete lists children before their parent component.
     parents = {meta.urn: _parent(meta) for meta in metas}
     return [

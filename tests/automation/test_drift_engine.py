@@ -1,0 +1,69 @@
+"""Drift after a proxy process is killed out of band, with the real engine: `detect` vs `correct`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.automation.fleet import Fleet, accepts, free_port
+from tests.conftest import PulumiEnv
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def fleet(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Fleet]:
+    fleet = Fleet(root=tmp_path, backend_url=pulumi_env.backend_url)
+    yield fleet
+    fleet.kill_proxies()
+
+
+def kill_proxy(controller, key: str) -> None:
+    """Kill the proxy's process out of band, as a crash or an operator would."""
+    deployment = controller.engine.export("local")["deployment"]
+    name = key
+    pid = next(
+        int(r["outputs"]["pid"])
+        for r in deployment["resources"]
+        if r["type"].endswith("LocalProxy") and r["urn"].endswith(f"::{name}")
+    )
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("policy", ["detect", "correct"])
+def test_drift_policy_after_a_proxy_process_dies(fleet: Fleet, policy: str) -> None:
+    fleet.write_catalogue(["local"], driftPolicy=policy)
+    port, other = free_port(), free_port()
+    fleet.write_proxy("victim", port=port)
+    fleet.write_proxy("bystander", port=other)
+
+    async def scenario() -> None:
+        controller = await fleet.apply()
+        kill_proxy(controller, "crawl/victim")
+        for _ in range(50):
+            if not accepts(port):
+                break
+            await asyncio.sleep(0.1)
+        ups_before = controller.engine.up_count("local")
+
+        controller.request_resync()
+        await controller.queue.drain()
+
+        events = [e for e in controller.status.events() if e.reason == "DriftDetected"]
+        if policy == "detect":
+            assert not accepts(port), "detect must change nothing"
+            assert controller.engine.up_count("local") == ups_before
+            assert events, "detect must report the drift"
+            assert events[0].key == "crawl/victim"
+            assert "LocalProxy" in events[0].message
+        else:
+            assert accepts(port), "correct must rebuild the vanished proxy"
+            assert controller.engine.up_count("local") == ups_before + 1
+        assert accepts(other)
+
+    asyncio.run(fleet.run(scenario))
