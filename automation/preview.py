@@ -68,7 +68,10 @@ def plan_previews(engine: Engine, desired: DesiredState) -> PreviewPlan:
     targets = []
     for name in sorted(planner.stacks() | existing):
         plan = planner.plan(name)
-        target = _target(plan, engine=engine, existing=existing, credentials=desired.credentials)
+        try:
+            target = _target(plan, engine=engine, existing=existing, credentials=desired.credentials)
+        except ProxyOperatorError as exc:  # e.g. the applied hash cannot be read: report, go on
+            target = PreviewTarget(name=name, operation="up", existed=name in existing, error=_text(exc))
         if target is not None:
             targets.append(target)
     problems = [f"{key}: {error.message}" for key, error in sorted(planner.rejected.items())]
@@ -116,7 +119,7 @@ def _run(engine: Engine, target: PreviewTarget, *, force: bool) -> StackPreview:
         try:
             steps = _steps(engine, target)
         except ProxyOperatorError as exc:
-            error = f"{exc.reason}: {exc.message}"
+            error = _text(exc)
             log.warning("preview of stack %s failed: %s", target.name, error)
     changing = _changing(steps)
     return StackPreview(
@@ -153,3 +156,7 @@ def _changing(steps: list[PreviewStep]) -> list[PreviewStep]:
         if earlier is None or (step.diffs and not earlier.diffs):
             kept[(step.urn, step.op)] = step  # the event that names the fields forcing a replacement
     return list(kept.values())
+
+
+def _text(exc: ProxyOperatorError) -> str:
+    return f"{exc.reason}: {exc.message}"

@@ -15,7 +15,6 @@ from automation.preview import DesiredState, preview
 from automation.preview_model import PreviewReport
 from automation.preview_render import render_json, render_markdown, render_text
 from service.config import OperatorSettings
-from service.logging_setup import configure_logging
 from service.sources.directory import DirectorySource
 from service.validate import validate_manifests
 from stacks.models import ProviderCatalogue
@@ -105,7 +104,6 @@ def preview_command(
     """Preview what applying the manifests would create, update, replace and delete; exit 1 on a problem."""
     if as_json and markdown:
         raise typer.BadParameter("choose one of --json and --markdown")
-    configure_logging(level="WARNING")  # logs on stderr; stdout carries the report only
     report = validate_manifests(manifests)
     if not report.ok:
         for problem in report.problems:
