@@ -1,0 +1,112 @@
+"""`proxy-operator preview` and `proxy-operator stacks ...` via CliRunner, with the real engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import Result
+from typer.testing import CliRunner
+
+from automation.engine import Engine
+from service.cli import app
+from service.config import OperatorSettings
+from service.runner import apply_once
+from tests.automation.local_example import LocalExample
+from tests.conftest import PulumiEnv
+
+
+@pytest.fixture
+def example(tmp_path: Path) -> Iterator[LocalExample]:
+    example = LocalExample(tmp_path / "example")
+    yield example
+    example.kill_processes()
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def test_invalid_manifest_exits_1_naming_the_problem(example: LocalExample, tmp_path: Path) -> None:
+    path = example.manifests / "local-2.yaml"
+    document = yaml.safe_load(path.read_text())
+    document["spec"]["port"] = 70000
+    path.write_text(yaml.safe_dump(document))
+
+    result = invoke("preview", "--manifests", str(example.manifests), "--state-dir", str(tmp_path / "state"))
+    assert result.exit_code == 1
+    assert "local-2.yaml" in result.stderr
+    assert "spec.port" in result.stderr
+    assert result.stdout == ""
+    both = invoke("preview", "--manifests", str(example.manifests), "--json", "--markdown")
+    assert both.exit_code == 2
+    assert "--json" in both.stderr
+
+
+@pytest.mark.engine
+def test_preview_then_stacks_commands(pulumi_env: PulumiEnv, example: LocalExample, tmp_path: Path) -> None:
+    """The backend and passphrase come from PULUMI_BACKEND_URL / PULUMI_CONFIG_PASSPHRASE (pulumi_env)."""
+    settings = OperatorSettings(state_dir=tmp_path / "state")
+    state = ["--state-dir", str(settings.state_dir)]
+    try:
+        previewed = invoke("preview", "--manifests", str(example.manifests), *state, "--json")
+        assert previewed.exit_code == 0, previewed.output
+        report = json.loads(previewed.stdout)
+        assert (report["schemaVersion"], report["ok"], report["totals"]["create"]) == (1, True, 3)
+        [stack] = report["stacks"]
+        assert stack["name"] == "local"
+        assert stack["proxies"] == {"create": example.keys, "update": [], "replace": [], "delete": []}
+
+        markdown = invoke("preview", "--manifests", str(example.manifests), *state, "--markdown")
+        assert markdown.exit_code == 0, markdown.output
+        assert "| `local` | up | 3 | 0 | 0 | 0 | changes |" in markdown.stdout
+        assert "<summary><code>local</code>: up: 3 to create</summary>" in markdown.stdout
+
+        assert asyncio.run(apply_once(settings, example.manifests)).ok
+        check_inspection(example, state=state, applied_hash=stack["desiredHash"])
+    finally:
+        Engine(settings.engine_config()).destroy("local")
+    assert example.kill_processes() == []
+
+
+def check_inspection(example: LocalExample, *, state: list[str], applied_hash: str) -> None:
+    listing = invoke("stacks", "list", *state)
+    assert listing.exit_code == 0, listing.output
+    [row] = [line.split() for line in listing.stdout.splitlines() if line.startswith("local ")]
+    # name, type, proxies, resources (3 components, 3 credentials, 3 processes), last operation, hash
+    assert row == ["local", "local", "3", "9", "update", "succeeded", applied_hash[:12]]
+
+    shown = invoke("stacks", "show", "local", *state)
+    assert shown.exit_code == 0, shown.output
+    assert "provider:       local (type local)" in shown.stdout
+    assert f"proxies:        3: {', '.join(example.keys)}" in shown.stdout
+    assert f"applied hash:   {applied_hash}" in shown.stdout
+    assert "  credentials: [secret]" in shown.stdout
+
+    masked = json.loads(invoke("stacks", "outputs", "local", *state).stdout)
+    assert masked["credentials"] == "[secret]"
+    assert {key: out["port"] for key, out in masked["proxies"].items()} == {
+        f"default/{name}": port for name, port in example.ports.items()
+    }
+    clear = json.loads(invoke("stacks", "outputs", "local", "--show-secrets", *state).stdout)
+    passwords = [clear["credentials"][key]["password"] for key in example.keys]
+    assert all(len(password) >= 16 for password in passwords)
+
+    exported = invoke("stacks", "export", "local", *state)
+    assert exported.exit_code == 0, exported.output
+    resources = json.loads(exported.stdout)["deployment"]["resources"]
+    components = sorted(
+        r["urn"].rsplit("::", 1)[-1] for r in resources if r["type"] == "proxy-operator:index:Proxy"
+    )
+    assert components == example.keys
+    assert "ciphertext" in exported.stdout
+    for text in (shown.stdout, json.dumps(masked), exported.stdout):
+        assert not any(password in text for password in passwords)
+
+    missing = invoke("stacks", "show", "nope", *state)
+    assert missing.exit_code == 1
+    assert "no stack 'nope'" in missing.stderr
