@@ -1,0 +1,133 @@
+"""Benchmark: planning 10,000 proxies in 20 stacks, and the engine's overhead per `up`.
+
+Prints figures and ratios against baselines measured in the same run; asserts nothing about time.
+- plan from scratch (every proxy hashed, every stack planned) vs re-plan after one proxy changes (only its
+  stack): the ratio shows that a change costs work proportional to its stack, not the fleet;
+- our `Engine.up` vs a bare Automation API `up` on the same program, stack and config (no changes).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from automation.planner import Planner  # noqa: E402
+from stacks.models import ProviderCatalogue, Proxy  # noqa: E402
+
+PROXIES, STACKS = 10_000, 20
+
+
+def make_fleet() -> tuple[ProviderCatalogue, list[Proxy]]:
+    catalogue = ProviderCatalogue.model_validate(
+        {"providers": [{"name": f"site-{i}", "type": "local"} for i in range(STACKS)]}
+    )
+    proxies = [
+        Proxy.model_validate(
+            {
+                "metadata": {"name": f"p{i}", "namespace": "crawl", "labels": {"tier": str(i % 3)}},
+                "spec": {
+                    "provider": f"site-{i % STACKS}",
+                    "port": 20000 + i,
+                    "allowedSourceRanges": ["10.0.0.0/8"],
+                },
+            }
+        )
+        for i in range(PROXIES)
+    ]
+    return catalogue, proxies
+
+
+def bench_planner() -> None:
+    catalogue, proxies = make_fleet()
+    started = time.perf_counter()
+    planner = Planner()
+    planner.set_catalogue(catalogue)
+    for proxy in proxies:
+        planner.upsert(proxy)
+    plans = planner.plan_all()
+    scratch = time.perf_counter() - started
+    assert sum(len(p.proxies) for p in plans.values()) == PROXIES
+
+    samples = []
+    for i in range(20):
+        changed = proxies[i * 37].model_copy(deep=True)
+        changed.spec.port += 1
+        started = time.perf_counter()
+        for stack in planner.upsert(changed):
+            planner.plan(stack)
+        samples.append(time.perf_counter() - started)
+    replan = statistics.median(samples)
+    print(f"plan from scratch: {PROXIES} proxies in {STACKS} stacks: {scratch * 1000:.0f} ms")
+    print(
+        f"re-plan after one change (its stack of {PROXIES // STACKS}): {replan * 1000:.2f} ms (median of 20)"
+    )
+    print(f"ratio scratch / one change: {scratch / replan:.0f}x (fleet/stack size = {STACKS}x)")
+
+
+def bench_up_overhead(rounds: int = 3) -> None:
+    import os
+
+    from pulumi import automation as auto
+
+    from automation.engine import Engine, EngineConfig
+    from automation.planner import Planner as _Planner
+    from automation.stack_input import resolve_stack
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_path = Path(tmp)
+        (tmp_path / "backend").mkdir()
+        os.environ["PATH"] = f"{ROOT / '.tools' / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
+        config = EngineConfig(
+            backend_url=(tmp_path / "backend").as_uri(), state_dir=tmp_path / "state", passphrase="bench"
+        )
+        engine = Engine(config)
+        catalogue = ProviderCatalogue.model_validate(
+            {"providers": [{"name": "bench", "type": "local", "stateDir": str(tmp_path / "local")}]}
+        )
+        planner = _Planner()
+        planner.set_catalogue(catalogue)
+        planner.upsert(
+            Proxy.model_validate(
+                {
+                    "metadata": {"name": "b0", "namespace": "bench"},
+                    "spec": {"provider": "bench", "port": 0 + 28999, "allowedSourceRanges": ["127.0.0.0/8"]},
+                }
+            )
+        )
+        spec = resolve_stack(planner.plan("bench"), credentials=_NoSecrets()).input
+        engine.up(spec)  # create once; the measured runs change nothing
+        ours = _timed(lambda: engine.up(spec), rounds)
+        workspace = engine._workspace(
+            "bench"
+        )  # the same work dir, program and config: only our layer differs
+        bare = _timed(lambda: auto.Stack.select("bench", workspace).up(), rounds)
+        engine.destroy("bench")
+    print(
+        f"up, nothing to change: bare Automation API {bare:.2f} s, ours {ours:.2f} s "
+        f"(median of {rounds}); overhead {ours - bare:+.2f} s, ratio {ours / bare:.2f}"
+    )
+
+
+class _NoSecrets:
+    def credentials_for(self, proxy: Proxy) -> None:
+        return None
+
+
+def _timed(fn, rounds: int) -> float:
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples)
+
+
+if __name__ == "__main__":
+    bench_planner()
+    bench_up_overhead()
