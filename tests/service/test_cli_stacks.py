@@ -68,6 +68,13 @@ def test_preview_then_stacks_commands(pulumi_env: PulumiEnv, example: LocalExamp
 
         assert asyncio.run(apply_once(settings, example.manifests)).ok
         check_inspection(example, state=state, applied_hash=stack["desiredHash"])
+
+        # A preview that fails (here: the state cannot be decrypted) is reported and exits 1.
+        args = ["preview", "--manifests", str(example.manifests), *state]
+        failed = CliRunner().invoke(app, args, env={"PULUMI_CONFIG_PASSPHRASE": "wrong"})
+        assert failed.exit_code == 1
+        assert "stack local: up: preview FAILED" in failed.stdout
+        assert "incorrect passphrase" in failed.stdout
     finally:
         Engine(settings.engine_config()).destroy("local")
     assert example.kill_processes() == []
