@@ -1,10 +1,17 @@
-"""Which proxies a lease may choose from: healthy, addressed, and matching the request's filters."""
+"""Which proxies a lease may choose from: healthy, addressed, and matching the request's filters.
+
+Results are frozensets cached per inventory version and filter, so repeated leases share one object: the
+memory store then skips re-learning it and the Redis store uploads it once (by digest).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import threading
+from collections.abc import Mapping
 
 from service.inventory import Inventory, ProxyEndpoint
+
+MAX_CACHED_FILTERS = 256
 
 
 def matches(
@@ -17,16 +24,36 @@ def matches(
     return all(endpoint.labels.get(k) == v for k, v in labels.items())
 
 
-def candidates(
-    inventory: Inventory, *, pool: str | None, provider: str | None, labels: Mapping[str, str]
-) -> Collection[str]:
-    """The healthy keys matching the filters. Without filters: the inventory's own cached set (no copy)."""
-    healthy = inventory.healthy_keys()
-    if pool is None and provider is None and not labels:
-        return healthy
-    found = set()
-    for key in healthy:
-        endpoint = inventory.get(key)
-        if endpoint is not None and matches(endpoint, pool=pool, provider=provider, labels=labels):
-            found.add(key)
-    return found
+class Candidates:
+    def __init__(self, inventory: Inventory) -> None:
+        self._inventory = inventory
+        self._lock = threading.Lock()
+        self._version = -1
+        self._cache: dict[tuple[object, ...], frozenset[str]] = {}
+
+    def __call__(
+        self, *, pool: str | None, provider: str | None, labels: Mapping[str, str]
+    ) -> frozenset[str]:
+        """The healthy keys matching the filters (no filters: the inventory's own snapshot)."""
+        healthy = self._inventory.healthy_keys()
+        if pool is None and provider is None and not labels:
+            return healthy
+        key = (pool, provider, tuple(sorted(labels.items())))
+        with self._lock:
+            if self._version != self._inventory.version or len(self._cache) > MAX_CACHED_FILTERS:
+                self._cache.clear()
+                self._version = self._inventory.version
+            found = self._cache.get(key)
+        if found is None:
+            found = frozenset(
+                k for k in healthy if self._matches(k, pool=pool, provider=provider, labels=labels)
+            )
+            with self._lock:
+                self._cache[key] = found
+        return found
+
+    def _matches(
+        self, key: str, *, pool: str | None, provider: str | None, labels: Mapping[str, str]
+    ) -> bool:
+        endpoint = self._inventory.get(key)
+        return endpoint is not None and matches(endpoint, pool=pool, provider=provider, labels=labels)

@@ -84,3 +84,53 @@ redis.call('PEXPIRE', KEYS[1], math.floor((cap + 60) * 1000))
 redis.call('PEXPIRE', KEYS[2], math.floor(tonumber(ARGV[7]) * 1000))
 return {string.format('%.6f', untl), tostring(strikes)}
 """
+
+# The same decision over a candidate set stored in Redis (uploaded once per distinct set, by digest), walking
+# the LRU zset from its oldest member, so a lease costs O(chunk) and not O(fleet) in the common case.
+# KEYS: hold zset, penalty zset, lru zset, candidate set
+# ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids, ids...
+ACQUIRE_FROM_SET = r"""
+local hold, pen, lru, cand = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
+redis.call('PEXPIRE', cand, 600000)
+local now, count, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local cooldown, client, target = tonumber(ARGV[4]), ARGV[5], ARGV[6]
+local lease_prefix, grace, ignore_cd = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
+local picked, earliest = {}, nil
+local total, pos, CHUNK = redis.call('ZCARD', lru), 0, 256
+while #picked < count and pos < total do
+  local chunk = redis.call('ZRANGE', lru, pos, pos + CHUNK - 1)
+  pos = pos + CHUNK
+  if #chunk == 0 then break end
+  local member = redis.call('SMISMEMBER', cand, unpack(chunk))
+  local h = redis.call('ZMSCORE', hold, unpack(chunk))
+  local p = redis.call('ZMSCORE', pen, unpack(chunk))
+  for i = 1, #chunk do
+    if member[i] == 1 then
+      local at = tonumber(p[i]) or 0
+      if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
+      if at <= now then
+        if #picked < count then picked[#picked + 1] = chunk[i] end
+      elseif earliest == nil or at < earliest then
+        earliest = at
+      end
+    end
+  end
+end
+local hold_until = now + math.max(cooldown, ttl)
+local out = {earliest and string.format('%.6f', earliest) or ''}
+for i = 1, #picked do
+  local key, id = picked[i], ARGV[10 + i]
+  redis.call('ZADD', hold, string.format('%.6f', hold_until), key)
+  redis.call('ZADD', lru, string.format('%.6f', now), key)
+  local lk = lease_prefix .. id
+  redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
+    'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
+    'hold', string.format('%.6f', hold_until), 'released', '0')
+  redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
+  out[#out + 1] = id
+  out[#out + 1] = key
+end
+redis.call('PEXPIRE', hold, math.floor((math.max(cooldown, ttl) + 60) * 1000))
+return out
+"""

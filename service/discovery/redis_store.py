@@ -7,6 +7,9 @@ last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash. Every key 
 
 from __future__ import annotations
 
+import hashlib
+import uuid
+
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -14,6 +17,8 @@ from service.discovery import redis_scripts
 from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
 
 LEASE_GRACE = 3600.0
+SMALL_SET = 64  # up to this many candidates travel with the call; larger sets are uploaded once by digest
+CANDIDATE_SET_TTL_MS = 600_000
 STRIKES_KEEP = 7 * 86400.0
 
 
@@ -22,18 +27,100 @@ def _f(value: float) -> str:
 
 
 class RedisStore:
-    def __init__(self, client: aioredis.Redis, *, prefix: str = "proxy-operator") -> None:
+    def __init__(
+        self, client: aioredis.Redis, *, prefix: str = "proxy-operator", small_set: int = SMALL_SET
+    ) -> None:
         self._r = client
+        self._small_set = small_set
         self._p = prefix
         self._acquire = client.register_script(redis_scripts.ACQUIRE)
         self._release = client.register_script(redis_scripts.RELEASE)
         self._penalise = client.register_script(redis_scripts.PENALISE)
+        self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
+        self._digests: dict[frozenset[str], str] = {}
+        self._uploaded: set[str] = set()
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "proxy-operator") -> RedisStore:
-        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix=prefix)
+    def from_url(cls, url: str, *, prefix: str = "proxy-operator", small_set: int = SMALL_SET) -> RedisStore:
+        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix=prefix, small_set=small_set)
 
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
+        if len(request.candidates) <= self._small_set:
+            return await self._acquire_listed(request, now=now)
+        frozen = (
+            request.candidates if isinstance(request.candidates, frozenset) else frozenset(request.candidates)
+        )
+        for _ in range(2):  # the set may have expired in Redis since this process uploaded it: upload again
+            cand = await self._candidate_key(frozen)
+            out = await self._acquire_set(
+                keys=[*self._keys(request), cand], args=self._args(request, now=now)
+            )
+            if out[0] != "nocand":
+                return self._acquired(out, request=request, now=now)
+            self._uploaded.discard(cand)
+        raise RuntimeError(f"candidate set {cand} vanished twice in a row from Redis")
+
+    async def _candidate_key(self, candidates: frozenset[str]) -> str:
+        digest = self._digests.get(candidates)
+        if digest is None:
+            digest = hashlib.sha1("\n".join(sorted(candidates)).encode()).hexdigest()
+            if len(self._digests) >= 64:
+                self._digests.pop(next(iter(self._digests)))
+            self._digests[candidates] = digest
+        key = f"{self._p}:cand:{digest}"
+        if key not in self._uploaded:
+            await self._upload(key, candidates)
+            self._uploaded.add(key)
+        return key
+
+    async def _upload(self, key: str, candidates: frozenset[str]) -> None:
+        # Built under a temporary name and renamed, so a script never sees half a set.
+        tmp = f"{key}:tmp:{uuid.uuid4().hex}"
+        members = sorted(candidates)
+        async with self._r.pipeline(transaction=False) as pipe:
+            for start in range(0, len(members), 1000):
+                pipe.sadd(tmp, *members[start : start + 1000])
+            pipe.zadd(f"{self._p}:lru", dict.fromkeys(members, 0), nx=True)  # never used = oldest
+            pipe.rename(tmp, key)
+            pipe.pexpire(key, CANDIDATE_SET_TTL_MS)
+            await pipe.execute()
+
+    def _keys(self, request: AcquireRequest) -> list[str]:
+        hold = self._hold_key(request.client, request.target)
+        return [hold, f"{self._p}:pen:{request.target}", f"{self._p}:lru"]
+
+    def _args(self, request: AcquireRequest, *, now: float) -> list[str]:
+        ids = list(request.lease_ids)[: request.count]
+        return [
+            _f(now),
+            str(request.count),
+            _f(request.ttl),
+            _f(request.cooldown),
+            request.client,
+            request.target,
+            f"{self._p}:lease:",
+            _f(LEASE_GRACE),
+            "1" if request.ignore_cooldown else "0",
+            str(len(ids)),
+            *ids,
+        ]
+
+    def _acquired(self, out: list[str], *, request: AcquireRequest, now: float) -> Acquired:
+        earliest = float(out[0]) if out[0] else None
+        leases = [
+            LeaseRecord(
+                lease_id=lid,
+                client=request.client,
+                target=request.target,
+                proxy=key,
+                handed_at=now,
+                expires_at=now + request.ttl,
+            )
+            for lid, key in zip(out[1::2], out[2::2], strict=True)
+        ]
+        return Acquired(leases=leases, earliest=earliest)
+
+    async def _acquire_listed(self, request: AcquireRequest, *, now: float) -> Acquired:
         ids = list(request.lease_ids)[: request.count]
         args = [
             _f(now),
@@ -52,19 +139,7 @@ class RedisStore:
         hold = self._hold_key(request.client, request.target)
         keys = [hold, f"{self._p}:pen:{request.target}", f"{self._p}:lru"]
         out = await self._acquire(keys=keys, args=args)
-        earliest = float(out[0]) if out[0] else None
-        leases = [
-            LeaseRecord(
-                lease_id=lid,
-                client=request.client,
-                target=request.target,
-                proxy=key,
-                handed_at=now,
-                expires_at=now + request.ttl,
-            )
-            for lid, key in zip(out[1::2], out[2::2], strict=True)
-        ]
-        return Acquired(leases=leases, earliest=earliest)
+        return self._acquired(out, request=request, now=now)
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
         fields = await self._r.hgetall(f"{self._p}:lease:{lease_id}")

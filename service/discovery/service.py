@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from service.discovery.backoff import FullJitter
-from service.discovery.candidates import candidates
+from service.discovery.candidates import Candidates
 from service.discovery.errors import LeaseNotFound, NoProxyAvailable, ProxyNotFound, SessionLost
 from service.discovery.store import AcquireRequest, LeaseRecord, Penalty, Store
 from service.discovery.waiter import Waiter
@@ -71,6 +71,7 @@ class DiscoveryService:
         self._no_candidate_retry = no_candidate_retry  # the health interval: when a proxy may turn healthy
         self._backoff = FullJitter(base=settings.penalty_base_seconds, cap=settings.penalty_cap_seconds)
         self._waiter = Waiter()
+        self._candidates = Candidates(inventory)
         inventory.add_listener(self._waiter.notify)
 
     async def lease(self, query: LeaseQuery) -> LeaseGrant:
@@ -90,7 +91,7 @@ class DiscoveryService:
 
     async def _lease_once(self, query: LeaseQuery) -> LeaseGrant:
         now = self._clock()
-        pool = candidates(self.inventory, pool=query.pool, provider=query.provider, labels=query.labels)
+        pool = self._candidates(pool=query.pool, provider=query.provider, labels=query.labels)
         if query.session is None:
             return LeaseGrant(leases=await self._acquire(query, pool=pool, now=now))
         bound = await self.store.get_session(

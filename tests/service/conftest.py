@@ -197,7 +197,7 @@ def tokens_file(tmp_path: Path) -> Path:
     return path
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=["memory", "redis", "redis-set"])
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -207,12 +207,17 @@ StoreFactory = Callable[[], Store]
 
 @pytest.fixture
 def store_factory(store_kind: str, request: pytest.FixtureRequest) -> StoreFactory:
-    """New store objects of the parametrised kind; Redis ones share one key prefix (= one shared state)."""
+    """New store objects of the parametrised kind; Redis ones share one key prefix (= one shared state).
+
+    `redis` sends small candidate lists with each call; `redis-set` always goes through uploaded candidate
+    sets, the path that fleets larger than 64 proxies take.
+    """
     if store_kind == "memory":
         return MemoryStore
     server: RedisServer = request.getfixturevalue("redis_server")
     prefix = f"test-{uuid.uuid4().hex[:8]}"
-    return lambda: RedisStore.from_url(server.url, prefix=prefix)
+    small_set = 0 if store_kind == "redis-set" else 64
+    return lambda: RedisStore.from_url(server.url, prefix=prefix, small_set=small_set)
 
 
 ApiFactory = Callable[..., Api]
