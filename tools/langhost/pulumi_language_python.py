@@ -114,9 +114,10 @@ def main(argv: list[str]) -> int:
     server.start()
     # The CLI reads the port from our first line of output.
     print(port, flush=True)
-    # The engine stops its plugins with a signal when it is done (or cancelled): leave quietly.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: server.stop(grace=1))
+    # A Ctrl-C reaches the whole process group: the engine handles the cancellation (it stops asking the
+    # program for resources and then stops us), so ignore SIGINT like the Go host; leave quietly on SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda *_: server.stop(grace=1))
     server.wait_for_termination()
     return 0
 
