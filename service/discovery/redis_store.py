@@ -7,6 +7,7 @@ last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash. Every key 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import uuid
 
@@ -39,6 +40,7 @@ class RedisStore:
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
         self._digests: dict[frozenset[str], str] = {}
         self._uploaded: set[str] = set()
+        self._uploading: dict[str, asyncio.Future[None]] = {}
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "proxy-operator", small_set: int = SMALL_SET) -> RedisStore:
@@ -69,7 +71,12 @@ class RedisStore:
             self._digests[candidates] = digest
         key = f"{self._p}:cand:{digest}"
         if key not in self._uploaded:
-            await self._upload(key, candidates)
+            # One upload per set and process, however many requests arrive while it runs.
+            upload = self._uploading.get(key)
+            if upload is None:
+                upload = self._uploading[key] = asyncio.ensure_future(self._upload(key, candidates))
+                upload.add_done_callback(lambda _: self._uploading.pop(key, None))
+            await asyncio.shield(upload)
             self._uploaded.add(key)
         return key
 
