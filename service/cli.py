@@ -11,6 +11,8 @@ from service.cli_stacks import preview_command, stacks_app
 from service.config import OperatorSettings
 from service.logging_setup import configure_logging
 from service.runner import apply_once
+from service.serve import build_service, token_hint
+from service.serve import serve as serve_forever
 from service.validate import validate_manifests
 
 app = typer.Typer(no_args_is_help=True, help="Run and inspect a fleet of forward proxies for crawlers.")
@@ -57,6 +59,22 @@ def up(
         f"{len(report.errors) + len(report.problems)} problem(s)"
     )
     raise typer.Exit(0 if report.ok else 1)
+
+
+@app.command()
+def serve(
+    manifests: Path = typer.Option(..., "--manifests", help="Folder of Proxy manifests and one catalogue."),
+    state_dir: Path = typer.Option(Path(".state"), "--state-dir", help="Work dirs, default file backend."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address the API listens on."),
+    port: int = typer.Option(8080, "--port", help="Port of the API."),
+    json_logs: bool = typer.Option(False, "--json-logs", help="One JSON object per log line."),
+) -> None:
+    """Reconcile the manifests and keep watching them; health-check the proxies; serve the API."""
+    configure_logging(as_json=json_logs)
+    settings = OperatorSettings(state_dir=state_dir, listen_host=host, listen_port=port)
+    service = build_service(settings, manifests)
+    typer.echo(f"serving on http://{host}:{port} (token: {token_hint(settings)}); Ctrl-C stops cleanly")
+    asyncio.run(serve_forever(service))
 
 
 if __name__ == "__main__":

@@ -133,6 +133,15 @@ class Controller:
                 message=f"applied in stack {plan.name}",
             )
             self.status.set_condition(key, type_="Stalled", true=False, reason="Reconciled")
+            if self.inventory.get(key) is None or result is not None:
+                log.info(
+                    "%s serves at %s://%s:%s",
+                    key,
+                    out.get("protocol") or "http",
+                    out["host"],
+                    out["port"],
+                    extra={"fields": {"proxy": key, "stack": plan.name}},
+                )
             self.inventory.upsert(
                 _endpoint(planned.proxy, stack=plan.name, out=out, creds=credentials.get(key) or {})
             )

@@ -40,7 +40,7 @@ def build_controller(
         settings=settings,
         engine=Engine(settings.engine_config()),
         source=DirectorySource(manifests),
-        inventory=inventory or Inventory(),
+        inventory=inventory if inventory is not None else Inventory(),
     )
 
 

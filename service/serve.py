@@ -1,0 +1,178 @@
+"""`proxy-operator serve`: the control loop, the health engine and the API in one process.
+
+Assembly only: every part is built from the settings and handed its collaborators explicitly. uvicorn owns
+the signals: the first Ctrl-C or SIGTERM ends the API, then the prober stops and the controller closes
+(running `pulumi` children get SIGINT and cancel cleanly, leaving no lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+from prometheus_client import CollectorRegistry
+
+from automation.inspect import StackInspector
+from service.api import create_app
+from service.auth import TokenAuthenticator, TokenEntry, hash_token
+from service.config import OperatorSettings
+from service.controller import Controller
+from service.discovery.memory import MemoryStore
+from service.discovery.service import DiscoveryService
+from service.discovery.store import Store
+from service.health.engine import HealthEngine, HealthTransition
+from service.health.metrics import HealthMetrics
+from service.health.probe import ProxyProber
+from service.health.thresholds import Thresholds
+from service.inventory import Inventory
+from service.runner import build_controller
+
+log = logging.getLogger(__name__)
+
+ALL_SCOPES = ["lease", "report", "admin"]
+
+
+@dataclass
+class Service:
+    controller: Controller
+    health: HealthEngine
+    discovery: DiscoveryService
+    server: uvicorn.Server
+
+
+def build_service(settings: OperatorSettings, manifests: Path, *, port: int | None = None) -> Service:
+    inventory = Inventory()
+    controller = build_controller(settings, manifests, inventory=inventory)
+    registry = CollectorRegistry()
+    listen_port = settings.listen_port if port is None else port
+    health = HealthEngine(
+        inventory=inventory,
+        prober=ProxyProber(
+            probe_url=settings.health.probe_url or f"http://{_probe_host(settings)}:{listen_port}/v1/echo",
+            connect_timeout=settings.health.connect_timeout_seconds,
+            timeout=settings.health.probe_timeout_seconds,
+        ),
+        metrics=HealthMetrics(registry, health=inventory.health_snapshot),
+        thresholds=Thresholds(
+            unhealthy=settings.health.unhealthy_threshold, healthy=settings.health.healthy_threshold
+        ),
+        interval=settings.health.interval_seconds,
+        jitter=settings.health.jitter,
+        concurrency=settings.health.concurrency,
+        on_transition=_health_to_status(controller),
+    )
+    discovery = DiscoveryService(
+        inventory=inventory,
+        store=_store(settings),
+        settings=settings.discovery,
+        on_error_report=lambda key: _spawn(health.record_failure(key)),
+        no_candidate_retry=settings.health.interval_seconds,
+    )
+    app = create_app(
+        inventory=inventory,
+        discovery=discovery,
+        authenticator=_authenticator(settings),
+        registry=registry,
+        stack_inspector=StackInspector(controller.engine),
+        ready_checks=[_loaded(inventory)],
+    )
+    config = uvicorn.Config(app, host=settings.listen_host, port=listen_port, log_config=None, lifespan="on")
+    return Service(controller=controller, health=health, discovery=discovery, server=uvicorn.Server(config))
+
+
+async def serve(service: Service) -> None:
+    stop = asyncio.Event()
+    control = asyncio.create_task(service.controller.run(stop), name="controller")
+    prober = asyncio.create_task(service.health.run(), name="prober")
+    try:
+        await service.server.serve()
+    finally:
+        stop.set()
+        prober.cancel()
+        await asyncio.gather(prober, return_exceptions=True)
+        await control
+        await service.controller.close()
+
+
+# --- parts -------------------------------------------------------------------------------------------
+
+
+def _store(settings: OperatorSettings) -> Store:
+    if settings.discovery.store == "redis":
+        import redis.asyncio as aioredis
+
+        from service.discovery.redis_store import RedisStore
+
+        client = aioredis.from_url(settings.discovery.redis_url or "", decode_responses=True)
+        return RedisStore(client, prefix=settings.discovery.redis_prefix)
+    return MemoryStore()
+
+
+def _authenticator(settings: OperatorSettings) -> TokenAuthenticator:
+    if settings.discovery.tokens_file is not None:
+        return TokenAuthenticator(path=settings.discovery.tokens_file)
+    token = dev_token(settings.state_dir)
+    log.warning(
+        "no tokens file configured (PROXY_OPERATOR_DISCOVERY_TOKENS_FILE): a development token with all "
+        "scopes is in %s",
+        settings.state_dir / "dev-token",
+    )
+    entry = TokenEntry(name="local-dev", scopes=frozenset(ALL_SCOPES), sha256=hash_token(token))
+    return TokenAuthenticator([entry])
+
+
+def token_hint(settings: OperatorSettings) -> str:
+    if settings.discovery.tokens_file is not None:
+        return f"from {settings.discovery.tokens_file}"
+    return f"cat {settings.state_dir / 'dev-token'}"
+
+
+def dev_token(state_dir: Path) -> str:
+    """The embedded default's token: made once, kept in state_dir/dev-token (mode 0600)."""
+    path = state_dir / "dev-token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(24) + "\n")
+    return path.read_text().strip()
+
+
+def _probe_host(settings: OperatorSettings) -> str:
+    return "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
+
+
+def _loaded(inventory: Inventory) -> Callable[[], object]:
+    async def check() -> str | None:
+        return None if inventory.loaded else "desired state not loaded yet"
+
+    return check
+
+
+def _health_to_status(controller: Controller) -> Callable[[HealthTransition], None]:
+    def sink(transition: HealthTransition) -> None:
+        healthy = transition.current == "healthy"
+        controller.status.set_condition(
+            transition.key,
+            type_="Healthy",
+            true=healthy,
+            reason="ProbeSucceeded" if healthy else "ProbeFailed",
+            message=transition.reason,
+            warning=not healthy,
+        )
+        controller.status.set_egress(transition.key, transition.egress_ip)
+
+    return sink
+
+
+_background: set[asyncio.Task[object]] = set()
+
+
+def _spawn(coro: object) -> None:
+    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    _background.add(task)
+    task.add_done_callback(_background.discard)
