@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +38,7 @@ def pulumi_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def pulumi_env(tmp_path: Path, pulumi_home: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[PulumiEnv]:
+def pulumi_env(tmp_path: Path, pulumi_home: Path, monkeypatch: pytest.MonkeyPatch) -> PulumiEnv:
     """Put the project's Pulumi CLI and language host on PATH, with a `file://` backend in tmp_path."""
     _require_engine()
     backend = tmp_path / "backend"
@@ -52,6 +51,6 @@ def pulumi_env(tmp_path: Path, pulumi_home: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("PULUMI_SKIP_UPDATE_CHECK", "true")
     monkeypatch.setenv("PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION", "true")
     assert shutil.which("pulumi") == str(TOOLS_BIN / "pulumi")
-    yield PulumiEnv(
+    return PulumiEnv(
         backend_url=backend.as_uri(), backend_dir=backend, home=pulumi_home, passphrase="test-passphrase"
     )

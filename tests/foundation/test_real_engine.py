@@ -37,7 +37,8 @@ from pulumi.dynamic import CreateResult, DiffResult, Resource, ResourceProvider
 
 class CounterProvider(ResourceProvider):
     def create(self, props):
-        return CreateResult(id_="counter-" + str(int(props["start"])), outs={"start": props["start"], "value": int(props["start"]) * 2})
+        start = int(props["start"])
+        return CreateResult(id_=f"counter-{start}", outs={"start": start, "value": start * 2})
 
     def diff(self, id, olds, news):  # olds are the outputs of create
         changed = olds["start"] != news["start"]
