@@ -38,6 +38,7 @@ class LeaseBody(_In):
     count: int = Field(1, ge=1, le=1000, description="How many distinct proxies (at most; see docs).")
     pool: Name | None = Field(None, description="Only proxies of this pool.")
     provider: Name | None = Field(None, description="Only proxies of this provider instance.")
+    protocol: Literal["http", "socks5"] | None = Field(None, description="Only proxies of this protocol.")
     labels: dict[LabelKey, LabelValue] = Field(
         default_factory=dict, description="Only proxies with all these."
     )

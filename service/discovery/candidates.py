@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
+from typing import Any
 
 from service.inventory import Inventory, ProxyEndpoint
 
@@ -15,8 +16,15 @@ MAX_CACHED_FILTERS = 256
 
 
 def matches(
-    endpoint: ProxyEndpoint, *, pool: str | None, provider: str | None, labels: Mapping[str, str]
+    endpoint: ProxyEndpoint,
+    *,
+    pool: str | None,
+    provider: str | None,
+    labels: Mapping[str, str],
+    protocol: str | None = None,
 ) -> bool:
+    if protocol is not None and endpoint.protocol != protocol:
+        return False
     if pool is not None and endpoint.pool != pool:
         return False
     if provider is not None and endpoint.provider != provider:
@@ -32,28 +40,32 @@ class Candidates:
         self._cache: dict[tuple[object, ...], frozenset[str]] = {}
 
     def __call__(
-        self, *, pool: str | None, provider: str | None, labels: Mapping[str, str]
+        self,
+        *,
+        pool: str | None,
+        provider: str | None,
+        labels: Mapping[str, str],
+        protocol: str | None = None,
     ) -> frozenset[str]:
         """The healthy keys matching the filters (no filters: the inventory's own snapshot)."""
+        version = self._inventory.version  # read before the snapshot: a race can only make a stale entry miss
         healthy = self._inventory.healthy_keys()
-        if pool is None and provider is None and not labels:
+        if pool is None and provider is None and protocol is None and not labels:
             return healthy
-        key = (pool, provider, tuple(sorted(labels.items())))
+        filters = {"pool": pool, "provider": provider, "labels": labels, "protocol": protocol}
+        key = (pool, provider, protocol, tuple(sorted(labels.items())))
         with self._lock:
-            if self._version != self._inventory.version or len(self._cache) > MAX_CACHED_FILTERS:
+            if self._version != version or len(self._cache) > MAX_CACHED_FILTERS:
                 self._cache.clear()
-                self._version = self._inventory.version
+                self._version = version
             found = self._cache.get(key)
         if found is None:
-            found = frozenset(
-                k for k in healthy if self._matches(k, pool=pool, provider=provider, labels=labels)
-            )
+            found = frozenset(k for k in healthy if self._matches(k, filters))
             with self._lock:
-                self._cache[key] = found
+                if self._version == version:
+                    self._cache[key] = found
         return found
 
-    def _matches(
-        self, key: str, *, pool: str | None, provider: str | None, labels: Mapping[str, str]
-    ) -> bool:
+    def _matches(self, key: str, filters: dict[str, Any]) -> bool:
         endpoint = self._inventory.get(key)
-        return endpoint is not None and matches(endpoint, pool=pool, provider=provider, labels=labels)
+        return endpoint is not None and matches(endpoint, **filters)

@@ -33,6 +33,7 @@ class LeaseQuery:
     pool: str | None = None
     provider: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    protocol: str | None = None
     target: str = ANY_TARGET
     session: str | None = None
     strict: bool = False
@@ -91,7 +92,9 @@ class DiscoveryService:
 
     async def _lease_once(self, query: LeaseQuery) -> LeaseGrant:
         now = self._clock()
-        pool = self._candidates(pool=query.pool, provider=query.provider, labels=query.labels)
+        pool = self._candidates(
+            pool=query.pool, provider=query.provider, labels=query.labels, protocol=query.protocol
+        )
         if query.session is None:
             return LeaseGrant(leases=await self._acquire(query, pool=pool, now=now))
         bound = await self.store.get_session(

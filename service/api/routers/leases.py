@@ -28,6 +28,7 @@ def _query(body: LeaseBody, *, client: str, ctx: Context) -> LeaseQuery:
         pool=body.pool,
         provider=body.provider,
         labels=body.labels,
+        protocol=body.protocol,
         target=body.target or ANY_TARGET,
         session=body.session,
         strict=body.strict,

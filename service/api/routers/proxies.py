@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -44,6 +44,7 @@ async def list_proxies(
     labels: Annotated[
         str | None, Query(max_length=4096, pattern=LABELS_PATTERN, description=LABELS_HELP)
     ] = None,
+    protocol: Literal["http", "socks5"] | None = None,
     healthy: bool | None = None,
 ) -> ProxyList:
     wanted = parse_labels(labels)
@@ -53,7 +54,7 @@ async def list_proxies(
         proxy_out(ep, health=health[ep.key], shared=shared)
         for ep in sorted(ctx.inventory.endpoints(), key=lambda e: e.key)
         if ep.key in health
-        and matches(ep, pool=pool, provider=provider, labels=wanted)
+        and matches(ep, pool=pool, provider=provider, labels=wanted, protocol=protocol)
         and (healthy is None or health[ep.key].healthy == healthy)
     ]
     groups = [SharedEgress(ip=ip, proxies=keys) for ip, keys in shared.items()]

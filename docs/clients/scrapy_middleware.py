@@ -1,0 +1,142 @@
+"""A Scrapy downloader middleware that takes its proxies from proxy-operator (docs/api.md).
+
+For each request it leases a proxy for the request's host (the target), sends the request through it,
+reports the answer (`banned` on 403/429 or your codes, `ok` otherwise, `error` on a download error),
+releases the lease, and on a ban or an error retries the request through another proxy. Sticky sessions:
+set `request.meta["proxy_session"] = "cart-42"` and every request of that session uses one proxy.
+
+settings.py:
+
+    TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"  # the middleware is asyncio
+    DOWNLOADER_MIDDLEWARES = {"myproject.scrapy_middleware.ProxyOperatorMiddleware": 610}
+    PROXY_OPERATOR_URL = "http://proxy-operator.crawl.svc:8080"
+    PROXY_OPERATOR_TOKEN = "..."          # a token with scopes lease and report
+    PROXY_OPERATOR_POOL = "main"          # optional; PROXY_OPERATOR_LABELS = {"zone": "eu"} too
+    PROXY_OPERATOR_BAN_CODES = [403, 429]
+    PROXY_OPERATOR_MAX_RETRIES = 3
+    PROXY_OPERATOR_WAIT = 10              # seconds the API may hold a lease request when all cool down
+
+Scrapy speaks HTTP(S) proxies only (credentials from the URL become Proxy-Authorization), so the middleware
+leases `protocol: http` proxies. Scrapy is imported only when Scrapy builds the middleware, so this file
+imports (and is tested) without Scrapy installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+log = logging.getLogger(__name__)
+LEASE_META = "proxy_operator_lease"
+RETRIES_META = "proxy_operator_retries"
+
+
+class ProxyOperatorMiddleware:
+    def __init__(
+        self,
+        *,
+        url: str,
+        token: str,
+        pool: str | None = None,
+        labels: dict[str, str] | None = None,
+        ban_codes: frozenset[int] = frozenset({403, 429}),
+        max_retries: int = 3,
+        wait: float = 10,
+    ) -> None:
+        self._http = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=45)
+        self._filters: dict[str, Any] = {"pool": pool, "labels": labels or None, "protocol": "http"}
+        self._ban_codes = ban_codes
+        self._max_retries = max_retries
+        self._wait = wait
+
+    @classmethod
+    def from_crawler(cls, crawler: Any) -> ProxyOperatorMiddleware:
+        from scrapy import signals
+        from scrapy.exceptions import NotConfigured
+
+        settings = crawler.settings
+        if not settings.get("PROXY_OPERATOR_URL") or not settings.get("PROXY_OPERATOR_TOKEN"):
+            raise NotConfigured("set PROXY_OPERATOR_URL and PROXY_OPERATOR_TOKEN")
+        middleware = cls(
+            url=settings.get("PROXY_OPERATOR_URL"),
+            token=settings.get("PROXY_OPERATOR_TOKEN"),
+            pool=settings.get("PROXY_OPERATOR_POOL"),
+            labels=settings.getdict("PROXY_OPERATOR_LABELS") or None,
+            ban_codes=frozenset(settings.getlist("PROXY_OPERATOR_BAN_CODES", [403, 429])),
+            max_retries=settings.getint("PROXY_OPERATOR_MAX_RETRIES", 3),
+            wait=settings.getfloat("PROXY_OPERATOR_WAIT", 10),
+        )
+        crawler.signals.connect(middleware.spider_closed, signal=signals.spider_closed)
+        return middleware
+
+    async def process_request(self, request: Any, spider: Any) -> None:
+        if "proxy" in request.meta and LEASE_META not in request.meta:
+            return None  # the spider chose its own proxy
+        lease = await self._lease(request)
+        request.meta[LEASE_META] = lease
+        request.meta["proxy"] = lease["url"]
+        return None
+
+    async def process_response(self, request: Any, response: Any, spider: Any) -> Any:
+        lease = request.meta.get(LEASE_META)
+        if lease is None:
+            return response
+        banned = response.status in self._ban_codes
+        await self._finish(lease, outcome="banned" if banned else "ok", status_code=response.status)
+        if banned:
+            return self._retry(request, reason=f"{response.status} through {lease['key']}") or response
+        return response
+
+    async def process_exception(self, request: Any, exception: Exception, spider: Any) -> Any:
+        lease = request.meta.get(LEASE_META)
+        if lease is None:
+            return None
+        await self._finish(lease, outcome="error", status_code=None)
+        return self._retry(request, reason=f"{type(exception).__name__} through {lease['key']}")
+
+    async def spider_closed(self, spider: Any) -> None:
+        await self._http.aclose()
+
+    async def _lease(self, request: Any) -> dict[str, Any]:
+        body = {
+            **{k: v for k, v in self._filters.items() if v is not None},
+            "target": urlsplit(request.url).hostname,
+            "session": request.meta.get("proxy_session"),
+            "wait": self._wait,
+        }
+        while True:
+            response = await self._http.post(
+                "/v1/leases", json={k: v for k, v in body.items() if v is not None}
+            )
+            if response.status_code != 503:
+                response.raise_for_status()
+                return dict(response.json()["leases"][0])
+            retry_after = float(response.headers.get("Retry-After", "1"))
+            log.info(
+                "no proxy for %s (%s); retrying in %g s",
+                body["target"],
+                response.json()["error"],
+                retry_after,
+            )
+            await asyncio.sleep(retry_after)
+
+    async def _finish(self, lease: dict[str, Any], *, outcome: str, status_code: int | None) -> None:
+        report = {"lease": lease["leaseId"], "outcome": outcome}
+        if status_code is not None:
+            report["statusCode"] = status_code
+        await self._http.post("/v1/reports", json=report)
+        await self._http.delete(f"/v1/leases/{lease['leaseId']}")
+
+    def _retry(self, request: Any, *, reason: str) -> Any:
+        retries = request.meta.get(RETRIES_META, 0) + 1
+        if retries > self._max_retries:
+            log.warning("giving up on %s after %d proxies: %s", request.url, retries - 1, reason)
+            return None
+        log.info("retrying %s through another proxy: %s", request.url, reason)
+        meta = {k: v for k, v in request.meta.items() if k not in (LEASE_META, "proxy")}
+        meta[RETRIES_META] = retries
+        return request.replace(meta=meta, dont_filter=True)
