@@ -10,6 +10,8 @@ The published address is the VM's external NAT IP, where the firewall admits the
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Sequence
+from typing import Any
 
 import pulumi
 import pulumi_gcp as gcp
@@ -66,30 +68,45 @@ def _proxy(
     labels = gcp_labels(ctx.proxy, settings.stack)
     opts = pulumi.ResourceOptions(parent=ctx.component, provider=gcp_provider, delete_before_replace=True)
     _firewalls(ctx, entry=entry, tag=name, opts=opts)
-    access: dict[str, pulumi.Input[str]] = {}
+    nat_ip: pulumi.Input[str] | None = None  # None: an ephemeral external address
     if block.address_type == "static":
         region = zone.rsplit("-", 1)[0]
-        address = gcp.compute.Address(ctx.proxy.key, name=name, region=region, labels=labels, opts=opts)
-        access["nat_ip"] = address.address
+        nat_ip = gcp.compute.Address(
+            ctx.proxy.key, name=name, region=region, labels=labels, opts=opts
+        ).address
+    access = gcp.compute.InstanceNetworkInterfaceAccessConfigArgs(nat_ip=nat_ip)
     instance = gcp.compute.Instance(
         ctx.proxy.key,
         name=name,
         machine_type=block.machine_type,
         zone=zone,
-        boot_disk={"initialize_params": {"image": block.image, "labels": labels}},
-        network_interfaces=[{"network": entry.network, "access_configs": [access]}],
+        boot_disk=gcp.compute.InstanceBootDiskArgs(
+            initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
+                image=block.image, labels=labels
+            )
+        ),
+        network_interfaces=[
+            gcp.compute.InstanceNetworkInterfaceArgs(network=entry.network, access_configs=[access])
+        ],
         metadata_startup_script=proxy_settings(ctx).apply(setup_script),
         tags=[name],
         labels=labels,
-        scheduling={
-            "preemptible": block.preemptible,
-            "automatic_restart": not block.preemptible,
-            "on_host_maintenance": "TERMINATE" if block.preemptible else "MIGRATE",
-        },
+        scheduling=gcp.compute.InstanceSchedulingArgs(
+            preemptible=block.preemptible,
+            automatic_restart=not block.preemptible,
+            on_host_maintenance="TERMINATE" if block.preemptible else "MIGRATE",
+        ),
         opts=opts,
     )
-    host = instance.network_interfaces.apply(lambda nics: nics[0].access_configs[0].nat_ip)
+    host = instance.network_interfaces.apply(_nat_ip)
     return ProxyEndpoint(host=host, port=spec.port, protocol=spec.protocol.value, instance_id=instance.id)
+
+
+def _nat_ip(nics: Sequence[Any]) -> str:
+    access = nics[0].access_configs or []
+    if not access or not access[0].nat_ip:
+        raise RuntimeError("the instance has no external address: the proxy would be unreachable")
+    return str(access[0].nat_ip)
 
 
 def build(

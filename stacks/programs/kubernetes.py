@@ -11,7 +11,7 @@ cluster DNS name `<svc>.<ns>.svc.cluster.local`, reachable on the proxy port fro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -64,7 +64,7 @@ def _secret(ctx: ProxyContext, *, meta: dict[str, Any], opts: pulumi.ResourceOpt
     return k8s.core.v1.Secret(
         meta["name"],
         metadata={"namespace": meta["namespace"], "labels": meta["labels"]},
-        string_data=pulumi.Output.secret(proxy_settings(ctx).apply(data)),
+        string_data=pulumi.Output.secret(cast(Any, proxy_settings(ctx).apply(data))),
         opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(replace_on_changes=["stringData"])),
     )
 
@@ -102,22 +102,18 @@ def _deployment(
     block: Any,
     opts: pulumi.ResourceOptions,
 ) -> k8s.apps.v1.Deployment:
-    pod_spec = {
+    pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "fsGroup": RUN_AS},
         "containers": [_container(ctx, block)],
         "volumes": [{"name": "config", "secret": {"secretName": secret.metadata.name, "defaultMode": 0o440}}],
     }
-    return k8s.apps.v1.Deployment(
-        ctx.proxy.key,
-        metadata=meta,
-        spec={
-            "replicas": 1,
-            "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": {**meta["labels"], **selector}}, "spec": pod_spec},
-        },
-        opts=opts,
-    )
+    spec: dict[str, Any] = {
+        "replicas": 1,
+        "selector": {"matchLabels": selector},
+        "template": {"metadata": {"labels": {**meta["labels"], **selector}}, "spec": pod_spec},
+    }
+    return k8s.apps.v1.Deployment(ctx.proxy.key, metadata=cast(Any, meta), spec=cast(Any, spec), opts=opts)
 
 
 def _service(
@@ -140,7 +136,9 @@ def _service(
         service_spec["externalTrafficPolicy"] = "Local"  # keep client addresses for the NetworkPolicy and ACL
     if block.service_type == "LoadBalancer" and spec.allowed_source_ranges:
         service_spec["loadBalancerSourceRanges"] = list(spec.allowed_source_ranges)
-    return k8s.core.v1.Service(ctx.proxy.key, metadata=meta, spec=service_spec, opts=opts)
+    return k8s.core.v1.Service(
+        ctx.proxy.key, metadata=cast(Any, meta), spec=cast(Any, service_spec), opts=opts
+    )
 
 
 def _network_policy(
@@ -149,21 +147,16 @@ def _network_policy(
     ranges = ctx.proxy.spec.allowed_source_ranges
     if not ranges:
         return
-    k8s.networking.v1.NetworkPolicy(
-        ctx.proxy.key,
-        metadata=meta,
-        spec={
-            "podSelector": {"matchLabels": selector},
-            "policyTypes": ["Ingress"],
-            "ingress": [
-                {
-                    "from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges],
-                    "ports": [{"port": container_port(ctx.proxy.spec.port), "protocol": "TCP"}],
-                }
-            ],
-        },
-        opts=opts,
-    )
+    rule = {
+        "from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges],
+        "ports": [{"port": container_port(ctx.proxy.spec.port), "protocol": "TCP"}],
+    }
+    spec: dict[str, Any] = {
+        "podSelector": {"matchLabels": selector},
+        "policyTypes": ["Ingress"],
+        "ingress": [rule],
+    }
+    k8s.networking.v1.NetworkPolicy(ctx.proxy.key, metadata=cast(Any, meta), spec=cast(Any, spec), opts=opts)
 
 
 def _published_host(

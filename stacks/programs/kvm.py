@@ -14,7 +14,9 @@ proxy on that host gets a fresh cache instead of colliding with the retained one
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import PurePosixPath
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import pulumi
@@ -106,6 +108,13 @@ class HostResources:
         )
 
 
+def _lease_address(nics: Sequence[Any] | None) -> str:
+    addresses = (nics[0].addresses if nics else None) or []
+    if not addresses:
+        raise RuntimeError("the domain got no DHCP lease: check the libvirt network's DHCP range")
+    return str(addresses[0])
+
+
 def _domain_description(ctx: ProxyContext, stack: str) -> str:
     return f"managed-by=proxy-operator proxy={ctx.proxy.key} stack={stack}"
 
@@ -153,7 +162,7 @@ def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> Proxy
             opts, pulumi.ResourceOptions(replace_on_changes=["cloudinit"], delete_before_replace=True)
         ),
     )
-    address = domain.network_interfaces.apply(lambda nics: nics[0].addresses[0])
+    address = domain.network_interfaces.apply(_lease_address)
     return ProxyEndpoint(host=address, port=spec.port, protocol=spec.protocol.value, instance_id=domain.id)
 
 
