@@ -56,6 +56,7 @@ def main() -> None:
     )
     pulumi.export("proxies", outputs.proxies)
     pulumi.export("credentials", outputs.credentials)
+    pulumi.export("specHash", config.get("specHash") or "")
     # Read back by the reconciler: the hash of what this run applied (a restart with no change runs no
     # `up`), and the applied proxies (last good versions, kept in the stack if an edit turns one invalid).
     pulumi.export("specHash", config.get("specHash") or "")

@@ -81,6 +81,7 @@ def local_stack(
     }
     stack.set_config("proxy-operator:provider", auto.ConfigValue(json.dumps(entry)))
     stack.set_config("proxy-operator:proxies", auto.ConfigValue(json.dumps([proxy])))
+    stack.set_config("proxy-operator:specHash", auto.ConfigValue("hash-of-this-spec"))
     try:
         yield stack
     finally:
@@ -106,6 +107,7 @@ def _proxy_urls(up: auto.UpResult) -> tuple[str, str]:
 def test_up_serves_with_credentials_and_destroy_stops(local_stack: auto.Stack, origin: str) -> None:
     up = local_stack.up()
     assert up.outputs["credentials"].secret
+    assert up.outputs["specHash"].value == "hash-of-this-spec"
     plain, authed = _proxy_urls(up)
 
     response = _fetch(origin, proxy=authed)
