@@ -5,7 +5,8 @@ Input (stack config, namespace `proxy-operator`):
 - `proxies`: JSON list of {"namespace", "name", "labels", "spec"} (spec by alias);
 - `credentials` (secret): {"ns/name": {"username", "password"}} for proxies whose auth mode is `secret`;
 - `providerCredentials` (secret, optional): the GCP service-account key JSON or the kubeconfig;
-- `kvmSshDir` (optional): where the SSH key and known_hosts are mounted (else $PROXY_OPERATOR_KVM_SSH_DIR).
+- `kvmSshDir` (optional): where the SSH key and known_hosts are mounted (else $PROXY_OPERATOR_KVM_SSH_DIR);
+- `specHash`, `stack` (set by the automation): the stack spec hash, echoed back as an output.
 Output: `proxies` = {"ns/name": {"host", "port", "protocol", "instanceId"}}, secret `credentials`,
 `specHash` and `appliedProxies` (the automation's `specHash` and `proxies` config, echoed back).
 """
@@ -56,7 +57,6 @@ def main() -> None:
     )
     pulumi.export("proxies", outputs.proxies)
     pulumi.export("credentials", outputs.credentials)
-    pulumi.export("specHash", config.get("specHash") or "")
     # Read back by the reconciler: the hash of what this run applied (a restart with no change runs no
     # `up`), and the applied proxies (last good versions, kept in the stack if an edit turns one invalid).
     pulumi.export("specHash", config.get("specHash") or "")
