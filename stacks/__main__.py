@@ -26,11 +26,11 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 import pulumi  # noqa: E402
-from pydantic import TypeAdapter  # noqa: E402
+from pydantic import TypeAdapter, ValidationError  # noqa: E402
 
 from stacks.models import ProviderEntry  # noqa: E402
 from stacks.programs import build_stack  # noqa: E402
-from stacks.programs.component import ProgramProxy  # noqa: E402
+from stacks.programs.component import InvalidInputError, ProgramProxy  # noqa: E402
 from stacks.programs.context import DEFAULT_KVM_SSH_DIR, ProgramSettings  # noqa: E402
 
 
@@ -48,7 +48,10 @@ def _settings(config: pulumi.Config) -> ProgramSettings:
 
 def main() -> None:
     config = pulumi.Config("proxy-operator")
-    entry = TypeAdapter(ProviderEntry).validate_json(config.require("provider"))
+    try:
+        entry = TypeAdapter(ProviderEntry).validate_json(config.require("provider"))
+    except ValidationError as exc:
+        raise InvalidInputError(f"invalid configuration proxy-operator:provider: {exc}") from exc
     proxies = [ProgramProxy.from_config(item) for item in json.loads(config.get("proxies") or "[]")]
     # Plain read of a secret value: each value is re-wrapped as a secret Output where it is used.
     given_credentials = json.loads(config.get("credentials") or "{}")

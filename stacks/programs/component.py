@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pulumi
+from pydantic import ValidationError
 
 from stacks.models import ProxySpec
 
@@ -47,11 +48,13 @@ class ProgramProxy:
 
     @classmethod
     def from_config(cls, item: Mapping[str, Any]) -> ProgramProxy:
+        key = f"{item.get('namespace')}/{item.get('name')}"
+        try:
+            spec = ProxySpec.model_validate(item["spec"])
+        except (KeyError, ValidationError) as exc:
+            raise InvalidInputError(f"{key}: invalid spec in proxy-operator:proxies: {exc}") from exc
         return cls(
-            namespace=item["namespace"],
-            name=item["name"],
-            labels=dict(item.get("labels") or {}),
-            spec=ProxySpec.model_validate(item["spec"]),
+            namespace=item["namespace"], name=item["name"], labels=dict(item.get("labels") or {}), spec=spec
         )
 
 
