@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -149,7 +150,7 @@ class RedisStore:
         return self._acquired(out, request=request, now=now)
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
-        fields = await self._r.hgetall(f"{self._p}:lease:{lease_id}")
+        fields = cast(dict[str, str], await self._r.hgetall(f"{self._p}:lease:{lease_id}"))  # decoded
         if not fields:
             return None
         return LeaseRecord(
@@ -184,7 +185,7 @@ class RedisStore:
             await pipe.execute()
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
-        strikes = await self._r.hgetall(f"{self._p}:strikes:{proxy}")
+        strikes = cast(dict[str, str], await self._r.hgetall(f"{self._p}:strikes:{proxy}"))
         found = []
         for target in sorted(strikes):
             until = await self.penalty_until(proxy=proxy, target=target)
