@@ -67,7 +67,7 @@ class WorkQueue:
     def submit(self, stack: str, *, generation_hint: object | None = None) -> None:
         """Request a run; a hint equal to the failed run's does not wake a failed or backing-off stack."""
         if self._closed:
-            logger.debug("queue closed; ignoring a request", extra={"stack": stack})
+            logger.debug("queue closed; ignoring a request", extra={"fields": {"stack": stack}})
             return
         self._start_workers()
         entry = self._entries.setdefault(stack, StackEntry(stack))
@@ -81,7 +81,9 @@ class WorkQueue:
         elif entry.state is QueueState.IDLE or changed:
             self._enqueue(entry)  # new input beats a pending retry
         else:
-            logger.debug("input unchanged since the failed run; still waiting", extra={"stack": stack})
+            logger.debug(
+                "input unchanged since the failed run; still waiting", extra={"fields": {"stack": stack}}
+            )
 
     def status(self, stack: str) -> StackQueueState:
         entry = self._entries.get(stack)
@@ -187,7 +189,7 @@ class WorkQueue:
             try:
                 self._on_state_change(entry.snapshot())
             except Exception:  # a broken listener must not stop the queue
-                logger.exception("on_state_change failed", extra={"stack": entry.stack})
+                logger.exception("on_state_change failed", extra={"fields": {"stack": entry.stack}})
 
     # -- shutdown -------------------------------------------------------------------------------------
 

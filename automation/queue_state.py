@@ -133,6 +133,8 @@ def log_failure(entry: StackEntry, error: ProxyOperatorError) -> None:
     extra = {"stack": entry.stack, "reason": error.reason, "failures": entry.consecutive_failures}
     if error.reason == Reason.UNEXPECTED:
         # Not one of ours: a bug or an untranslated library error. Retried as transient, shown loudly.
-        logger.error("run failed unexpectedly: %s", error.message, extra=extra, exc_info=error.__cause__)
+        logger.error(
+            "run failed unexpectedly: %s", error.message, extra={"fields": extra}, exc_info=error.__cause__
+        )
     else:
-        logger.warning("run failed (%s): %s", error.reason, error.message, extra=extra)
+        logger.warning("run failed (%s): %s", error.reason, error.message, extra={"fields": extra})

@@ -34,7 +34,7 @@ class Reporter(Protocol):
 
     def proxy_event(self, key: str, *, reason: str, message: str, warning: bool = False) -> None: ...
 
-    def released(self, proxy: Proxy) -> None: ...
+    def released(self, proxy: Proxy, *, forgotten: bool = False) -> None: ...
 
     def drift(self, name: str, steps: list[PreviewStep]) -> None: ...
 
@@ -51,7 +51,9 @@ class Reconciler:
 
     async def __call__(self, name: str) -> None:
         plan = self.planner.plan(name)
-        await self._forget(plan)
+        if plan.forget:
+            await self._forget(plan)
+            plan = self.planner.plan(name)  # what is left once the forgotten proxies are released
         if not plan.referenced:
             await self._destroy(name)
             return
@@ -96,7 +98,7 @@ class Reconciler:
                 message=f"skip-cleanup: forgot from stack {plan.name} without deleting: {what}",
             )
         self._applied.pop(plan.name, None)  # the state changed under the applied hash
-        self._release(plan.forget)
+        self._release(plan.forget, forgotten=True)
 
     async def _destroy(self, name: str) -> None:
         result = await asyncio.to_thread(self.engine.destroy, name)
@@ -128,10 +130,10 @@ class Reconciler:
             return {}
         return {key: value for key, (value, _secret) in self.engine.outputs(name).items()}
 
-    def _release(self, proxies: tuple[Proxy, ...]) -> None:
+    def _release(self, proxies: tuple[Proxy, ...], *, forgotten: bool = False) -> None:
         for proxy in proxies:
             self.planner.remove(proxy.key)
-            self.reporter.released(proxy)
+            self.reporter.released(proxy, forgotten=forgotten)
 
     def _provider_missing(self, plan: StackPlan) -> None:
         message = (

@@ -7,13 +7,38 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from automation.engine import StackInput
+from automation.errors import CredentialsError
 from automation.planner import StackPlan
-from stacks.models import Proxy
+from stacks.models import ProviderEntry, Proxy
 from stacks.spec_hash import sha256_hex
 
 
 class CredentialSource(Protocol):
+    """Where Secrets are read: proxy credentials (auth.mode secret) and the provider's own credentials."""
+
     def credentials_for(self, proxy: Proxy) -> dict[str, str] | None: ...
+
+    def secret_value(self, name: str, key: str) -> str | None: ...
+
+
+# Catalogue fields naming a Secret, and the key of it that the program receives as providerCredentials.
+PROVIDER_SECRETS = (("credentials_secret", "credentials.json"), ("kubeconfig_secret", "kubeconfig"))
+
+
+def provider_credentials(entry: ProviderEntry, credentials: CredentialSource) -> str | None:
+    """The entry's credentials Secret value, None when the entry names none (ambient credentials)."""
+    for field_name, key in PROVIDER_SECRETS:
+        secret = getattr(entry, field_name, None)
+        if secret:
+            value = credentials.secret_value(secret, key)
+            if value is None:
+                raise CredentialsError(
+                    f"provider '{entry.name}': Secret '{secret}' with key `{key}` was not found: create it, "
+                    f"or remove {field_name} from the catalogue entry to use ambient credentials",
+                    reason="CredentialsMissing",
+                )
+            return value
+    return None
 
 
 @dataclass(frozen=True)
@@ -57,12 +82,14 @@ def resolve_stack(plan: StackPlan, credentials: CredentialSource) -> ResolvedSta
         included.append(proxy)
     proxies_json = json.dumps([program_proxy(p) for p in included], sort_keys=True, separators=(",", ":"))
     credentials_json = json.dumps(secrets, sort_keys=True, separators=(",", ":"))
+    provider_secret = provider_credentials(plan.entry, credentials)
     included_keys = {p.key for p in included}
     final_hash = sha256_hex(
         {
             "plan": plan.spec_hash,
             "left_out": sorted(k for k in (p.key for p in plan.proxies) if k not in included_keys),
             "credentials": sha256_hex(secrets),
+            "provider_credentials": sha256_hex(provider_secret or ""),
         }
     )
     stack_input = StackInput(
@@ -71,5 +98,6 @@ def resolve_stack(plan: StackPlan, credentials: CredentialSource) -> ResolvedSta
         proxies_json=proxies_json,
         credentials_json=credentials_json,
         spec_hash=final_hash,
+        provider_credentials=provider_secret,
     )
     return ResolvedStack(input=stack_input, skipped=skipped)

@@ -42,7 +42,7 @@ class OperatorSettings(BaseSettings):
     )
     poll_seconds: float = Field(1.0, gt=0, le=60, description="How often the manifests folder is checked.")
     listen_host: str = Field("127.0.0.1", description="Address the API listens on.")
-    listen_port: int = Field(8080, ge=0, le=65535, description="Port of the API (0: any free port).")
+    listen_port: int = Field(8080, ge=1, le=65535, description="Port of the API (the probe URL uses it).")
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
 

@@ -159,10 +159,15 @@ class Controller:
     def proxy_event(self, key: str, *, reason: str, message: str, warning: bool = False) -> None:
         self.status.event(key, reason=reason, message=message, warning=warning)
 
-    def released(self, proxy: Proxy) -> None:
+    def released(self, proxy: Proxy, *, forgotten: bool = False) -> None:
         self.source.release(proxy.key)
         self.inventory.remove(proxy.key)
-        self.status.event(proxy.key, reason="Released", message="resources removed; the proxy is released")
+        message = (
+            "forgotten from state, its resources kept (skip-cleanup); the proxy is released"
+            if forgotten
+            else "resources removed; the proxy is released"
+        )
+        self.status.event(proxy.key, reason="Released", message=message)
         self.status.drop(proxy.key)
 
     def drift(self, name: str, steps: list[PreviewStep]) -> None:

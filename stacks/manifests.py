@@ -62,10 +62,22 @@ class ManifestSet:
         return self.catalogues[0].obj if self.catalogues else None
 
 
+def manifest_files(directory: Path) -> list[Path]:
+    """*.yaml / *.yml under `directory`, sorted; hidden paths skipped (a ConfigMap or Secret mounted as a
+    folder keeps timestamped copies in `..<time>/` and a `..data` link beside the visible files)."""
+    return sorted(
+        path
+        for path in directory.rglob("*")
+        if path.suffix in YAML_SUFFIXES
+        and not any(part.startswith(".") for part in path.relative_to(directory).parts)
+        and path.is_file()
+    )
+
+
 def load_manifests(directory: Path) -> ManifestSet:
     """Every *.yaml / *.yml under `directory` (sorted, recursive), split into Proxies and catalogues."""
     found = ManifestSet(root=str(directory))
-    for path in sorted(p for p in directory.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file()):
+    for path in manifest_files(directory):
         for source, document in _documents(path, found):
             _classify(source=source, document=document, into=found)
     return found

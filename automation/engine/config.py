@@ -54,6 +54,7 @@ class StackInput:
     proxies_json: str
     credentials_json: str = field(default="{}", repr=False)
     spec_hash: str = ""
+    provider_credentials: str | None = field(default=None, repr=False)  # GCP key JSON or a kubeconfig
 
 
 def read_passphrase(*, path: Path | None, env_var: str = "PULUMI_CONFIG_PASSPHRASE") -> str | None:

@@ -198,6 +198,9 @@ class Engine:
             f"{CONFIG_NAMESPACE}:specHash": auto.ConfigValue(spec.spec_hash),
             f"{CONFIG_NAMESPACE}:stack": auto.ConfigValue(spec.name),
         }
+        if spec.provider_credentials is not None:
+            key = f"{CONFIG_NAMESPACE}:providerCredentials"
+            config[key] = auto.ConfigValue(spec.provider_credentials, secret=True)
         stack.set_all_config(config)
 
     def _workspace(self, name: str | None) -> auto.LocalWorkspace:

@@ -67,6 +67,8 @@ def _message(exc: auto.errors.CommandError) -> str:
     """The diagnostics part of the CLI's output, without the progress noise; at most a few lines."""
     raw = str(exc)
     lines = [line.strip() for line in raw.splitlines() if line.strip()]
-    wanted = [line for line in lines if "error" in line.lower() or "Exception" in line]
+    # Errors, and the lock owners a "currently locked" error lists (who holds it: user@host, pid, time).
+    keep = ("error", "exception", "created by")
+    wanted = [line for line in lines if any(word in line.lower() for word in keep)]
     picked = wanted or lines[-5:]
     return " | ".join(dict.fromkeys(picked))[:2000]

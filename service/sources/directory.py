@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from stacks.manifests import YAML_SUFFIXES, ManifestSet, load_manifests
+from stacks.manifests import ManifestSet, load_manifests, manifest_files
 from stacks.models import ProviderCatalogue, Proxy
 from stacks.problems import Problem
 
@@ -78,10 +78,17 @@ class DirectorySource:
             return None
         return self._secrets.get(f"{ref.namespace or proxy.metadata.namespace}/{ref.name}")
 
+    def secret_value(self, name: str, key: str) -> str | None:
+        """A key of the Secret `name` (any namespace: the catalogue names Secrets without one)."""
+        for ref, data in sorted(self._secrets.items()):
+            if ref.rsplit("/", 1)[-1] == name and key in data:
+                return data[key]
+        return None
+
     # --- internals --------------------------------------------------------------------------------------
 
     def _scan(self) -> tuple[Any, ...]:
-        files = sorted(p for p in self.directory.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file())
+        files = manifest_files(self.directory)
         return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
     def _reload(self, found: ManifestSet) -> SourceChange:
@@ -121,7 +128,7 @@ def _unparsable_keys(found: ManifestSet) -> set[str]:
 def _load_secrets(directory: Path) -> dict[str, dict[str, str]]:
     """`kind: Secret` documents beside the Proxies: proxy credentials for auth.mode `secret`."""
     found: dict[str, dict[str, str]] = {}
-    for path in sorted(p for p in directory.rglob("*") if p.suffix in YAML_SUFFIXES and p.is_file()):
+    for path in manifest_files(directory):
         try:
             documents = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
         except (yaml.YAMLError, UnicodeDecodeError):

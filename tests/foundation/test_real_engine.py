@@ -29,6 +29,7 @@ config = pulumi.Config()
 box = Box("box", config.require_int("size"))
 pulumi.export("size", box.size)
 pulumi.export("greeting", "hello " + config.require("name"))
+pulumi.export("root", pulumi.get_root_directory())
 """
 
 DYNAMIC_PROGRAM = """
@@ -80,6 +81,7 @@ def test_preview_up_noop_destroy_remove(pulumi_env: PulumiEnv, tmp_path: Path) -
     assert up.summary.result == "succeeded"
     assert up.outputs["size"].value == 3
     assert up.outputs["greeting"].value == "hello crawler"
+    assert up.outputs["root"].value == str(work)  # the language host passes the project root on
     assert stack.outputs()["greeting"].value == "hello crawler"
 
     again = stack.up()

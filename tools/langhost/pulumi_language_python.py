@@ -26,6 +26,7 @@ from pathlib import Path
 
 import grpc
 from pulumi.automation._server import LanguageServer
+from pulumi.runtime import settings
 from pulumi.runtime.proto import language_pb2, language_pb2_grpc, plugin_pb2
 
 _VERSION = importlib.metadata.version("pulumi")
@@ -72,7 +73,16 @@ class ProjectLanguageHost(LanguageServer):
         entry_point = request.info.entry_point or request.program or "."
         if request.pwd:
             os.chdir(request.pwd)
-        self.program = program_for(program_dir, entry_point)
+        program = program_for(program_dir, entry_point)
+        root = request.info.root_directory or request.pwd
+
+        def run_in_project() -> None:
+            # The SDK's server resets the settings without the project root; programs read it through
+            # pulumi.get_root_directory(), so set it before the program runs.
+            settings.SETTINGS.root_directory = root
+            program()
+
+        self.program = run_in_project
         if not request.args:
             # LanguageServer reads the engine address from args[0]; the CLI gave it to us on argv.
             request.args.append(self.engine_address)

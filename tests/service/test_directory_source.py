@@ -1,0 +1,98 @@
+"""The directory source: what a folder of manifests turns into, and the deletion lifecycle."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from service.sources.directory import DirectorySource
+
+CATALOGUE = {"providers": [{"name": "local", "type": "local"}]}
+
+
+def proxy(name: str, port: int = 3128) -> dict:
+    return {
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": "crawl"},
+        "spec": {"provider": "local", "port": port, "allowedSourceRanges": ["127.0.0.0/8"]},
+    }
+
+
+def write(path: Path, *docs: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump_all(docs))
+    os.utime(path, ns=(time.time_ns(), time.time_ns()))
+
+
+def source(tmp_path: Path) -> DirectorySource:
+    return DirectorySource(tmp_path, now=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def test_removed_proxy_becomes_deleting_until_released(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    write(tmp_path / "b.yaml", proxy("b"))
+    src = source(tmp_path)
+    first = src.poll()
+    assert first.catalogue is not None
+    assert sorted(p.key for p in first.upserts) == ["crawl/a", "crawl/b"]
+    assert src.poll().empty, "nothing changed, nothing reported"
+
+    (tmp_path / "a.yaml").unlink()
+    change = src.poll()
+    [leaving] = change.upserts
+    assert leaving.key == "crawl/a"
+    assert leaving.metadata.deletion_timestamp == datetime(2026, 1, 1, tzinfo=UTC)
+    assert "crawl/a" in {p.key for p in src.proxies()}, "kept until its resources are gone"
+    src.release("crawl/a")
+    assert sorted(p.key for p in src.proxies()) == ["crawl/b"]
+
+
+def test_broken_documents_keep_what_was_there(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    src = source(tmp_path)
+    src.poll()
+    broken = proxy("a", port=70000)
+    write(tmp_path / "a.yaml", broken)
+    (tmp_path / "catalogue.yaml").write_text("providers: [{name: Local_Bad, type: local}]\n")
+    change = src.poll()
+    assert change.upserts == [], "an unparsable Proxy is not a deleted Proxy"
+    assert change.catalogue is None, "a broken catalogue keeps the previous one"
+    assert src.catalogue is not None
+    assert src.catalogue.names() == ["local"]
+    assert any("spec.port" in str(p) for p in change.problems)
+
+
+def test_hidden_paths_of_a_mounted_configmap_are_ignored(tmp_path: Path) -> None:
+    # kubelet mounts a ConfigMap as timestamped copies in ..<time>/ plus links; only the visible file counts.
+    write(tmp_path / "..2026_01_01_00_00_00.1" / "providers.yaml", CATALOGUE)
+    write(tmp_path / "providers.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    change = source(tmp_path).poll()
+    assert change.problems == []
+    assert change.catalogue is not None
+
+
+def test_secrets_beside_the_manifests(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "auth", "namespace": "crawl"},
+        "data": {"username": "dXNlcg=="},
+        "stringData": {"password": "pw"},
+    }
+    doc = proxy("a")
+    doc["spec"]["auth"] = {"mode": "secret", "secretRef": {"name": "auth"}}
+    write(tmp_path / "a.yaml", doc, secret)
+    src = source(tmp_path)
+    [found] = src.poll().upserts
+    assert src.credentials_for(found) == {"username": "user", "password": "pw"}
+    assert src.secret_value("auth", "password") == "pw"
+    assert src.secret_value("auth", "missing") is None
