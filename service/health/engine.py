@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import inspect
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -22,6 +23,7 @@ from service.health.probe import ProbeResult
 from service.health.thresholds import Thresholds
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 
+log = logging.getLogger(__name__)
 MAX_IDLE_SLEEP = 0.5  # re-read the inventory at least this often
 
 
@@ -146,9 +148,12 @@ class HealthEngine:
     async def _emit(self, transition: HealthTransition) -> None:
         if self._on_transition is None:
             return
-        outcome = self._on_transition(transition)
-        if inspect.isawaitable(outcome):
-            await outcome
+        try:
+            outcome = self._on_transition(transition)
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:  # a failing status writer must not stop the probing
+            log.exception("health transition sink failed for %s", transition.key)
 
     def _sync_schedule(self) -> None:
         if self._inventory.version == self._seen_version:
@@ -182,6 +187,8 @@ class HealthEngine:
     def _probe_done(self, task: asyncio.Task[Health | None]) -> None:
         self._tasks.discard(task)
         self._semaphore.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("probe task %s failed", task.get_name(), exc_info=task.exception())
 
     def _idle_time(self) -> float:
         if not self._due:

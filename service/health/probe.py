@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import ssl
 import time
@@ -46,6 +47,7 @@ class ProxyProber:
         probe_url: str,
         connect_timeout: float = 3.0,
         timeout: float = 5.0,
+        ssl_context: ssl.SSLContext | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         parts = urlsplit(probe_url)
@@ -59,6 +61,7 @@ class ProxyProber:
         self._connect_timeout = connect_timeout
         self._timeout = timeout
         self._clock = clock
+        self._ssl = ssl_context  # None: the system's trust store, made on first https probe
 
     async def probe(self, endpoint: ProxyEndpoint) -> ProbeResult:
         start = self._clock()
@@ -71,6 +74,9 @@ class ProxyProber:
             return ProbeResult(
                 False, "timeout", self._clock() - start, error=f"no answer in {self._timeout}s"
             )
+        except (OSError, ValueError) as exc:  # TLS errors, resets mid-write, hostnames that do not encode
+            error = f"{type(exc).__name__}: {exc}"
+            return ProbeResult(False, "proxy_error", self._clock() - start, error=error)
         return ProbeResult(True, "ok", self._clock() - start, egress_ip=ip)
 
     async def _probe(self, endpoint: ProxyEndpoint) -> str | None:
@@ -85,12 +91,14 @@ class ProxyProber:
             else:
                 request_target = self._url
             if self._https:
-                await writer.start_tls(ssl.create_default_context(), server_hostname=self._host)
+                if self._ssl is None:
+                    self._ssl = ssl.create_default_context()
+                await writer.start_tls(self._ssl, server_hostname=self._host)
             auth = endpoint.protocol == "http" and not self._https
             writer.write(self._request("GET", request_target, endpoint=endpoint if auth else None))
             status, body = await _read_response(reader)
         finally:
-            writer.close()
+            await _close(writer)
         if status == 407:
             raise ProbeFailed("auth_failed", "the proxy refused its credentials (407)")
         if not 200 <= status < 400:
@@ -137,6 +145,13 @@ class ProxyProber:
             token = base64.b64encode(f"{endpoint.username}:{endpoint.password or ''}".encode()).decode()
             lines.append(f"Proxy-Authorization: Basic {token}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    # Wait for the close (a TLS close is a short exchange), so no transport outlives its probe.
+    writer.close()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(writer.wait_closed(), 1.0)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:

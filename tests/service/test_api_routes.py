@@ -128,3 +128,10 @@ def test_every_error_is_json_with_the_request_id(start_api: ApiFactory) -> None:
         _error(client.put("/v1/leases"), 405, "method_not_allowed")
         bogus_id = client.get("/nowhere", headers={"X-Request-ID": "no spaces allowed"})
         assert bogus_id.headers["x-request-id"] != "no spaces allowed"
+
+
+def test_an_undecodable_body_is_400(start_api: ApiFactory) -> None:
+    api = start_api(inventory=healthy_inventory(["a"]))
+    headers = {**auth("crawler-a"), "content-type": "application/json"}
+    with api.client() as client:
+        _error(client.post("/v1/leases", content=b"\xff\xfe{", headers=headers), 400, "bad_request")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from service.health.engine import HealthEngine, HealthTransition
@@ -26,8 +27,7 @@ def _engine(
             registry, health=lambda: {e.key: inventory.health(e.key) for e in inventory.endpoints()}
         ),
         thresholds=Thresholds(unhealthy=3, healthy=2),
-        on_transition=transitions.append,
-        **kwargs,  # type: ignore[arg-type]
+        **{"on_transition": transitions.append, **kwargs},  # type: ignore[arg-type]
     )
     return engine, registry
 
@@ -175,3 +175,16 @@ def test_thresholds_decide_unknown_by_the_first_result() -> None:
         h = t.apply(h, ok=True, at=4)
     assert h.state is HealthState.unhealthy
     assert t.apply(h, ok=True, at=5).state is HealthState.healthy
+
+
+def test_a_failing_transition_sink_does_not_stop_probing(caplog: pytest.LogCaptureFixture) -> None:
+    inventory = Inventory()
+    inventory.replace_all([endpoint("a")])
+
+    def broken_sink(transition: HealthTransition) -> None:
+        raise RuntimeError("status writer down")
+
+    engine, _ = _engine(inventory, prober=CountingProber(), transitions=[], on_transition=broken_sink)
+    asyncio.run(engine.probe_all())
+    assert inventory.health("default/a").healthy
+    assert "health transition sink failed for default/a" in caplog.text

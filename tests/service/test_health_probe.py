@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import json
+import ssl
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +79,73 @@ def test_a_silent_listener_times_out(echo_url: str) -> None:
 def test_a_bad_probe_url_is_refused_at_once() -> None:
     with pytest.raises(ValueError, match="probe_url"):
         ProxyProber(probe_url="ftp://example.com/")
+
+
+@pytest.fixture
+def tls_echo(tmp_path: Path) -> Iterator[tuple[str, ssl.SSLContext]]:
+    """An HTTPS echo site on 127.0.0.1 with a self-signed certificate (openssl), and a context trusting it."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    client_ctx = ssl.create_default_context(cafile=str(cert))
+
+    class Echo(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # the name http.server calls
+            body = json.dumps({"ip": self.client_address[0]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    server.socket = server_ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, name="tls-echo")
+    thread.start()
+    yield f"https://127.0.0.1:{server.server_address[1]}/echo", client_ctx
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+@pytest.mark.parametrize("protocol", ["http", "socks5"])  # http: CONNECT, then TLS through the tunnel
+def test_an_https_probe_url_goes_through_the_tunnel(
+    protocol: str, tls_echo: tuple[str, ssl.SSLContext], pproxies: Callable[..., Pproxy]
+) -> None:
+    url, trust = tls_echo
+    proxy = pproxies(protocol=protocol)
+    result = _probe(ProxyProber(probe_url=url, ssl_context=trust, timeout=20), proxy)
+    assert (result.ok, result.egress_ip) == (True, "127.0.0.1"), result.error
+
+
+def test_an_untrusted_certificate_fails_the_probe(
+    tls_echo: tuple[str, ssl.SSLContext], pproxies: Callable[..., Pproxy]
+) -> None:
+    url, _ = tls_echo
+    result = _probe(ProxyProber(probe_url=url, timeout=20), pproxies())
+    assert (result.ok, result.outcome) == (False, "proxy_error")
+    assert "SSL" in (result.error or "")
