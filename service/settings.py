@@ -69,5 +69,5 @@ class HealthSettings(BaseSettings):
     unhealthy_threshold: int = Field(3, ge=1, le=100, description="Consecutive failures before unhealthy.")
     healthy_threshold: int = Field(2, ge=1, le=100, description="Consecutive successes before healthy again.")
     probe_url: str | None = Field(
-        None, description="URL fetched through each proxy; default: this service's own /v1/echo (http only)."
+        None, description="URL fetched through each proxy (http, or https via CONNECT); default: /v1/echo."
     )

@@ -135,3 +135,14 @@ def test_an_undecodable_body_is_400(start_api: ApiFactory) -> None:
     headers = {**auth("crawler-a"), "content-type": "application/json"}
     with api.client() as client:
         _error(client.post("/v1/leases", content=b"\xff\xfe{", headers=headers), 400, "bad_request")
+
+
+def test_openapi_and_docs_are_served(start_api: ApiFactory) -> None:
+    api = start_api(inventory=Inventory())
+    with api.client() as client:
+        schema = client.get("/openapi.json").json()
+        assert client.get("/docs").status_code == 200
+    leases = schema["paths"]["/v1/leases"]["post"]
+    assert {"200", "401", "403", "409", "422", "503"} <= set(leases["responses"])
+    assert "Retry-After" in leases["responses"]["503"]["headers"]
+    assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
