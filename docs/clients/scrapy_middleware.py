@@ -8,7 +8,8 @@ set `request.meta["proxy_session"] = "cart-42"` and every request of that sessio
 settings.py:
 
     TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"  # the middleware is asyncio
-    DOWNLOADER_MIDDLEWARES = {"myproject.scrapy_middleware.ProxyOperatorMiddleware": 610}
+    DOWNLOADER_MIDDLEWARES = {"myproject.scrapy_middleware.ProxyOperatorMiddleware": 610}  # before 750,
+                                          # Scrapy's HttpProxyMiddleware, which reads meta["proxy"]
     PROXY_OPERATOR_URL = "http://proxy-operator.crawl.svc:8080"
     PROXY_OPERATOR_TOKEN = "..."          # a token with scopes lease and report
     PROXY_OPERATOR_POOL = "main"          # optional; PROXY_OPERATOR_LABELS = {"zone": "eu"} too
@@ -66,7 +67,7 @@ class ProxyOperatorMiddleware:
             token=settings.get("PROXY_OPERATOR_TOKEN"),
             pool=settings.get("PROXY_OPERATOR_POOL"),
             labels=settings.getdict("PROXY_OPERATOR_LABELS") or None,
-            ban_codes=frozenset(settings.getlist("PROXY_OPERATOR_BAN_CODES", [403, 429])),
+            ban_codes=frozenset(int(c) for c in settings.getlist("PROXY_OPERATOR_BAN_CODES", [403, 429])),
             max_retries=settings.getint("PROXY_OPERATOR_MAX_RETRIES", 3),
             wait=settings.getfloat("PROXY_OPERATOR_WAIT", 10),
         )

@@ -147,3 +147,30 @@ def test_the_scrapy_middleware_leases_reports_bans_and_rotates(
         listed = http.get("/v1/proxies", headers=auth("crawler-a")).json()["items"]
         details = [http.get(f"/v1/proxies/{p['key']}", headers=auth("crawler-a")).json() for p in listed]
     assert sorted(p["target"] for d in details for p in d["penalties"]) == ["shop.example"]
+
+
+def test_the_scrapy_middleware_reports_download_errors_and_leaves_spider_proxies_alone(
+    start_api: ApiFactory, two_proxies: Inventory
+) -> None:
+    module = _load("scrapy_middleware")
+    api = start_api(inventory=two_proxies, cooldown_seconds=0)
+
+    async def crawl() -> tuple[Any, FakeRequest]:
+        middleware = module.ProxyOperatorMiddleware(url=api.url, token=TOKENS["crawler-a"][0], max_retries=1)
+        try:
+            request = FakeRequest("https://shop.example/item/2")
+            await middleware.process_request(request, None)
+            retry = await middleware.process_exception(request, ConnectionResetError(), None)
+            assert isinstance(retry, FakeRequest)
+            await middleware.process_request(retry, None)
+            gave_up = await middleware.process_exception(retry, ConnectionResetError(), None)
+            own = FakeRequest("https://shop.example/", meta={"proxy": "http://mine:3128"})
+            await middleware.process_request(own, None)
+        finally:
+            await middleware.spider_closed(None)
+        return gave_up, own
+
+    gave_up, own = asyncio.run(crawl())
+    assert gave_up is None  # max_retries reached: Scrapy's own error handling takes over
+    assert own.meta == {"proxy": "http://mine:3128"}
+    assert len(api.errors_reported) == 2  # each error counted towards the proxy's health
