@@ -9,7 +9,7 @@ from __future__ import annotations
 import heapq
 import threading
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
 
@@ -23,6 +23,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, None] = OrderedDict()
+        self._used: dict[str, int] = {}  # proxy -> hand-out number, to order small candidate sets
+        self._tick = 0
         self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
         self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
         self._leases: dict[str, LeaseRecord] = {}
@@ -42,9 +44,7 @@ class MemoryStore:
         penalised = self._penalty.get(request.target, {})
         picked: list[str] = []
         earliest: float | None = None
-        for key in self._lru:
-            if key not in request.candidates:
-                continue
+        for key in self._order(request.candidates):
             at = penalised.get(key, (0.0, 0))[0]
             if not request.ignore_cooldown:
                 at = max(at, held.get(key, 0.0))
@@ -61,6 +61,8 @@ class MemoryStore:
         for lease in leases:
             held[lease.proxy] = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
             self._lru.move_to_end(lease.proxy)
+            self._tick += 1
+            self._used[lease.proxy] = self._tick
         return Acquired(leases=leases, earliest=earliest)
 
     def _lease(self, request: AcquireRequest, *, key: str, lease_id: str, now: float) -> LeaseRecord:
@@ -76,6 +78,12 @@ class MemoryStore:
         heapq.heappush(self._lease_gc, (lease.expires_at + LEASE_GRACE, lease_id))
         return lease
 
+    def _order(self, candidates: Collection[str]) -> Iterable[str]:
+        """Candidates, least recently used first: walk the LRU for big sets, sort small ones (a session's)."""
+        if len(candidates) * 8 < len(self._lru):
+            return sorted(candidates, key=lambda k: (self._used.get(k, -1), k))
+        return (key for key in self._lru if key in candidates)
+
     def _learn(self, candidates: Collection[str]) -> None:
         # New proxies go to the front: never used is the least recently used.
         if candidates is self._last_candidates:
@@ -84,7 +92,8 @@ class MemoryStore:
         for key in new:  # ties among the never used go by key, as in the Redis store
             self._lru[key] = None
             self._lru.move_to_end(key, last=False)
-        self._last_candidates = candidates
+        if len(candidates) > 64:  # remember big sets only: a session's one-proxy set must not evict them
+            self._last_candidates = candidates
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
         return self._leases.get(lease_id)

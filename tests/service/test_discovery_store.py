@@ -119,3 +119,18 @@ def test_the_backoff_schedule() -> None:
     assert [schedule.ceiling(n) for n in range(6)] == [300, 600, 1200, 2400, 3600, 3600]
     assert schedule.delay(1, 0.5) == 300
     assert schedule.ceiling(10_000) == 3600  # no overflow
+
+
+def test_lru_order_holds_for_a_small_subset_of_a_big_fleet(store_factory: StoreFactory) -> None:
+    fleet = [f"p{i:02d}" for i in range(40)]
+
+    async def scenario(store: Store) -> list[list[str]]:
+        picks = []
+        for tag, (candidates, count) in enumerate([(fleet, 3), (["p01", "p05"], 1), (["p02", "p01"], 1)]):
+            acquired = await store.acquire(
+                request(*candidates, count=count, target=f"t{tag}", tag=tag), now=NOW + tag
+            )
+            picks.append([lease.proxy for lease in acquired.leases])
+        return picks
+
+    assert run(store_factory, scenario) == [["p00", "p01", "p02"], ["p05"], ["p01"]]
