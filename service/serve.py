@@ -81,7 +81,14 @@ def build_service(settings: OperatorSettings, manifests: Path, *, port: int | No
         stack_inspector=StackInspector(controller.engine),
         ready_checks=[_loaded(inventory)],
     )
-    config = uvicorn.Config(app, host=settings.listen_host, port=listen_port, log_config=None, lifespan="on")
+    config = uvicorn.Config(
+        app,
+        host=settings.listen_host,
+        port=listen_port,
+        log_config=None,
+        lifespan="on",
+        proxy_headers=False,  # /v1/echo must report the peer (the egress IP), never a forwarded header
+    )
     return Service(controller=controller, health=health, discovery=discovery, server=uvicorn.Server(config))
 
 
