@@ -79,6 +79,7 @@ def build_service(settings: OperatorSettings, manifests: Path, *, port: int | No
         authenticator=_authenticator(settings),
         registry=registry,
         stack_inspector=StackInspector(controller.engine),
+        status_board=controller.status,
         ready_checks=[_loaded(inventory)],
     )
     config = uvicorn.Config(

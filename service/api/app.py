@@ -12,10 +12,11 @@ from service.api.deps import ApiContext, ReadyCheck, StackInspector
 from service.api.errors import install_error_handlers
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
-from service.api.routers import echo, leases, probes, proxies, reports, stacks
+from service.api.routers import echo, leases, probes, proxies, reports, stacks, status
 from service.auth import TokenAuthenticator
 from service.discovery.service import DiscoveryService
 from service.inventory import Inventory
+from service.status import StatusBoard
 
 DESCRIPTION = (
     "Lease healthy forward proxies for crawling: least recently used among eligible proxies, per-client and "
@@ -31,6 +32,7 @@ def create_app(
     authenticator: TokenAuthenticator,
     registry: CollectorRegistry | None = None,
     stack_inspector: StackInspector | None = None,
+    status_board: StatusBoard | None = None,
     ready_checks: Sequence[ReadyCheck] = (),
     lifespan: Any = None,
 ) -> FastAPI:
@@ -49,10 +51,11 @@ def create_app(
         registry=registry,
         metrics=ApiMetrics(registry),
         stacks=stack_inspector,
+        status=status_board,
         ready_checks=ready_checks,
     )
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
-    for module in (probes, echo, proxies, leases, reports, stacks):
+    for module in (probes, echo, proxies, leases, reports, stacks, status):
         app.include_router(module.router)
     return app

@@ -15,6 +15,7 @@ from service.api.metrics import ApiMetrics
 from service.auth import Client, Scope, TokenAuthenticator
 from service.discovery.service import DiscoveryService
 from service.inventory import Inventory
+from service.status import StatusBoard
 
 ReadyCheck = Callable[[], Awaitable[str | None]]  # returns why not ready, or None
 REALM = 'Bearer realm="proxy-operator"'
@@ -36,6 +37,7 @@ class ApiContext:
     registry: CollectorRegistry
     metrics: ApiMetrics
     stacks: StackInspector | None = None
+    status: StatusBoard | None = None
     ready_checks: Sequence[ReadyCheck] = field(default_factory=tuple)
 
 

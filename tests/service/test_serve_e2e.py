@@ -55,6 +55,14 @@ def test_serve_provisions_probes_and_leases(pulumi_env: PulumiEnv, tmp_path: Pat
                 assert released.status_code in (200, 204)
                 proxies = (await client.get("/v1/proxies", headers=headers)).json()
                 assert sorted(p["key"] for p in proxies["items"]) == ["crawl/p0", "crawl/p1"]
+                status = (await client.get("/v1/status/crawl/p0", headers=headers)).json()
+                assert status["status"]["phase"] == "Ready"
+                assert status["status"]["address"]["port"] == ports[0]
+                reasons = [e["reason"] for e in status["events"]]
+                assert "Provisioned" in reasons
+                assert "ProbeSucceeded" in reasons
+                missing = await client.get("/v1/status/crawl/nope", headers=headers)
+                assert missing.status_code == 404
         finally:
             service.server.should_exit = True
             await running
