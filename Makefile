@@ -32,10 +32,11 @@ run: install ## provision the sample local proxies with the real engine and serv
 test: install ## run the test suite (unit tests and real-engine tests)
 	$(PY) -m pytest
 
-lint: venv ## ruff, formatting and the layer contracts
+lint: venv ## ruff, formatting, the layer contracts and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 bench: install ## benchmarks: figures and ratios against baselines measured in the same run
 	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from prometheus_client import CollectorRegistry
@@ -154,7 +155,7 @@ def _probe_host(settings: OperatorSettings) -> str:
     return "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
 
 
-def _loaded(inventory: Inventory) -> Callable[[], object]:
+def _loaded(inventory: Inventory) -> Callable[[], Awaitable[str | None]]:
     async def check() -> str | None:
         return None if inventory.loaded else "desired state not loaded yet"
 
@@ -177,10 +178,11 @@ def _health_to_status(controller: Controller) -> Callable[[HealthTransition], No
     return sink
 
 
-_background: set[asyncio.Task[object]] = set()
+_background: set[asyncio.Task[None]] = set()
 
 
-def _spawn(coro: object) -> None:
-    task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+def _spawn(coro: Coroutine[Any, Any, None]) -> None:
+    """Fire and forget, keeping a reference so the task is not garbage-collected mid-flight."""
+    task = asyncio.ensure_future(coro)
     _background.add(task)
     task.add_done_callback(_background.discard)

@@ -95,7 +95,7 @@ class Engine:
             return {component: [] for component in components}
         with self._operation(name, "forget", create=False) as (stack, _events):
             deployment = stack.export_stack()
-            edited, forgotten = remove_components(deployment.deployment, components)
+            edited, forgotten = remove_components(dict(deployment.deployment or {}), components)
             if any(forgotten.values()):
                 stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
             return forgotten
@@ -129,9 +129,9 @@ class Engine:
 
     def info(self, name: str) -> StackInfo:
         with self._operation(name, "inspect", create=False) as (stack, _events):
-            deployment = stack.export_stack().deployment or {}
+            deployment = dict(stack.export_stack().deployment or {})
             history = stack.history(page_size=1, page=1)
-            outputs = stack.outputs()
+            outputs = dict(stack.outputs())
         return StackInfo.build(name=name, deployment=deployment, outputs=outputs, history=history)
 
     def outputs(self, name: str) -> dict[str, tuple[Any, bool]]:

@@ -47,7 +47,8 @@ async def get_context(request: Request) -> ApiContext:
 
 
 def context_of(request: Request) -> ApiContext:
-    return request.app.state.context  # type: ignore[no-any-return]
+    context: ApiContext = request.app.state.context
+    return context
 
 
 Context = Annotated[ApiContext, Depends(get_context)]
