@@ -342,7 +342,7 @@ def test_an_unexpected_exception_is_retried_as_transient_and_logged(caplog: pyte
     assert record.levelno == logging.ERROR
     assert record.exc_info is not None
     assert record.exc_info[1] is boom
-    assert record.stack == "a"  # type: ignore[attr-defined]
+    assert record.fields["stack"] == "a"  # type: ignore[attr-defined]
 
 
 def test_input_that_changes_during_a_failed_run_is_tried_at_once() -> None:
