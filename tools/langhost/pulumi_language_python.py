@@ -59,6 +59,7 @@ class ProjectLanguageHost(LanguageServer):
     def __init__(self, engine_address: str) -> None:
         super().__init__(program=lambda: None)
         self.engine_address = engine_address
+        self.running = False
 
     def Handshake(self, request, context):  # noqa: N802 - gRPC method name
         if request.engine_address:
@@ -86,7 +87,11 @@ class ProjectLanguageHost(LanguageServer):
         if not request.args:
             # LanguageServer reads the engine address from args[0]; the CLI gave it to us on argv.
             request.args.append(self.engine_address)
-        return super().Run(request, context)
+        self.running = True
+        try:
+            return super().Run(request, context)
+        finally:
+            self.running = False
 
     def InstallDependencies(self, request, context):  # noqa: N802
         message = "dependencies come from the project's virtual environment; nothing to install\n"
@@ -119,15 +124,21 @@ def main(argv: list[str]) -> int:
             ("grpc.max_receive_message_length", _MAX_MESSAGE),
         ],
     )
-    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(ProjectLanguageHost(engine_address), server)
+    host = ProjectLanguageHost(engine_address)
+    language_pb2_grpc.add_LanguageRuntimeServicer_to_server(host, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     # The CLI reads the port from our first line of output.
     print(port, flush=True)
-    # A Ctrl-C reaches the whole process group: the engine handles the cancellation (it stops asking the
-    # program for resources and then stops us), so ignore SIGINT like the Go host; leave quietly on SIGTERM.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, lambda *_: server.stop(grace=1))
+    # The engine stops a plugin it is done with by SIGINT (then waits, then kills): exit at once, or every
+    # operation waits for that timeout. While a program runs, a SIGINT is the user's Ctrl-C reaching the
+    # whole process group: the engine drives that cancellation itself, so let the program finish.
+    def on_signal(signum: int, _frame: object) -> None:
+        if signum == signal.SIGTERM or not host.running:
+            server.stop(grace=0)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     server.wait_for_termination()
     return 0
 
