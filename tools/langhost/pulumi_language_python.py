@@ -61,15 +61,15 @@ class ProjectLanguageHost(LanguageServer):
         self.engine_address = engine_address
         self.running = False
 
-    def Handshake(self, request, context):  # noqa: N802 - gRPC method name
+    def Handshake(self, request, context):
         if request.engine_address:
             self.engine_address = request.engine_address
         return language_pb2.LanguageHandshakeResponse()
 
-    def GetPluginInfo(self, request, context):  # noqa: N802
+    def GetPluginInfo(self, request, context):
         return plugin_pb2.PluginInfo(version=_VERSION)
 
-    def Run(self, request, context):  # noqa: N802
+    def Run(self, request, context):
         program_dir = Path(request.info.program_directory or request.pwd or os.getcwd())
         entry_point = request.info.entry_point or request.program or "."
         if request.pwd:
@@ -93,11 +93,11 @@ class ProjectLanguageHost(LanguageServer):
         finally:
             self.running = False
 
-    def InstallDependencies(self, request, context):  # noqa: N802
+    def InstallDependencies(self, request, context):
         message = "dependencies come from the project's virtual environment; nothing to install\n"
         yield language_pb2.InstallDependenciesResponse(stdout=message.encode())
 
-    def GetProgramDependencies(self, request, context):  # noqa: N802
+    def GetProgramDependencies(self, request, context):
         deps = [
             language_pb2.DependencyInfo(name=dist.metadata["Name"], version=dist.version)
             for dist in importlib.metadata.distributions()
@@ -105,10 +105,10 @@ class ProjectLanguageHost(LanguageServer):
         ]
         return language_pb2.GetProgramDependenciesResponse(dependencies=deps)
 
-    def RuntimeOptionsPrompts(self, request, context):  # noqa: N802
+    def RuntimeOptionsPrompts(self, request, context):
         return language_pb2.RuntimeOptionsResponse()
 
-    def Cancel(self, request, context):  # noqa: N802
+    def Cancel(self, request, context):
         from google.protobuf import empty_pb2
 
         return empty_pb2.Empty()
@@ -130,6 +130,7 @@ def main(argv: list[str]) -> int:
     server.start()
     # The CLI reads the port from our first line of output.
     print(port, flush=True)
+
     # The engine stops a plugin it is done with by SIGINT (then waits, then kills): exit at once, or every
     # operation waits for that timeout. While a program runs, a SIGINT is the user's Ctrl-C reaching the
     # whole process group: the engine drives that cancellation itself, so let the program finish.
