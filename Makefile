@@ -47,5 +47,6 @@ kvm-ssh-secret: ## print/apply the kvm-ssh Secret (KVM_SSH_KEY, KVM_KNOWN_HOSTS)
 lock: ## re-resolve requirements.lock from pyproject.toml (then review the diff)
 	$(PY) -m pip freeze --exclude-editable | grep -v '^proxy-operator' > requirements.lock
 
-clean: ## remove the virtual environment, the engine and local state
+clean: ## stop the local proxies `make run` started, remove the venv, the engine and local state
+	-pkill -f "$(CURDIR)/.state/" || true
 	rm -rf $(VENV) .tools .state .pytest_cache .ruff_cache .mypy_cache *.egg-info
