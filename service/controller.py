@@ -52,16 +52,25 @@ class Controller:
             on_state_change=self._queue_state,
         )
         self._started = False
+        self._backend_seen = False
 
     # --- driving ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
         """First load: every stack the manifests or the backend know is submitted once."""
         self.sync()
+        self._started = True
+        await self._submit_known_stacks()
+
+    async def _submit_known_stacks(self) -> None:
+        """Submit every stack of the backend and the manifests -- once there is a catalogue to judge by."""
+        if self.source.catalogue is None:
+            log.error("no provider catalogue in the manifests yet: no stack is reconciled until there is one")
+            return
         existing = await asyncio.to_thread(self.engine.list_stack_names)
         for name in sorted(set(existing) | self.planner.stacks()):
             self.queue.submit(name, generation_hint=self._hint(name))
-        self._started = True
+        self._backend_seen = True
 
     def sync(self) -> set[str]:
         """Poll the source once; feed the planner; submit what changed. Returns the dirty stacks."""
@@ -89,6 +98,8 @@ class Controller:
                 self.sync()
             except (OSError, ValueError) as exc:
                 log.error("cannot read the manifests: %s", exc)
+            if not self._backend_seen and self.source.catalogue is not None:
+                await self._submit_known_stacks()
             if next_resync is not None and asyncio.get_running_loop().time() >= next_resync:
                 self.request_resync()
                 next_resync += resync

@@ -44,6 +44,7 @@ class DirectorySource:
     directory: Path
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
     _fingerprint: tuple[Any, ...] | None = None
+    _pending: tuple[Any, ...] | None = None
     _proxies: dict[str, Proxy] = field(default_factory=dict)
     _catalogue: ProviderCatalogue | None = None
     _secrets: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -56,7 +57,12 @@ class DirectorySource:
         fingerprint = self._scan()
         if fingerprint == self._fingerprint:
             return SourceChange()
-        self._fingerprint = fingerprint
+        if self._fingerprint is not None and fingerprint != self._pending:
+            # Act on a folder only once it holds still for one poll: a `git pull` or a copy in progress
+            # deletes and rewrites files, and a half-written folder must not read as deleted Proxies.
+            self._pending = fingerprint
+            return SourceChange()
+        self._fingerprint = self._pending = fingerprint
         return self._reload(load_manifests(self.directory))
 
     def release(self, key: str) -> None:
@@ -100,7 +106,9 @@ class DirectorySource:
         if found.catalogue is not None and found.catalogue != self._catalogue and len(found.catalogues) == 1:
             self._catalogue = change.catalogue = found.catalogue
         elif found.catalogue is None and self._catalogue is None and not found.broken_catalogues:
-            self._catalogue = change.catalogue = ProviderCatalogue()
+            # No catalogue at all is far likelier a wrong or empty mount than a wish to delete everything:
+            # nothing is reconciled until one appears (an empty `providers: []` does mean "none").
+            change.problems.append(_no_catalogue(self.directory))
         seen = {located.obj.key for located in found.proxies} | _unparsable_keys(found)
         for located in found.proxies:
             if self._proxies.get(located.obj.key) != located.obj:
@@ -113,6 +121,18 @@ class DirectorySource:
                 self._proxies[key] = leaving
                 change.upserts.append(leaving)
         return change
+
+
+def _no_catalogue(directory: Path) -> Problem:
+    return Problem(
+        file=str(directory),
+        document=None,
+        line=None,
+        obj="catalogue",
+        path="",
+        message="no provider catalogue (a document with a top-level `providers` list) in this folder: nothing "
+        "is reconciled until there is one; to remove every proxy, keep the catalogue and delete the Proxies",
+    )
 
 
 def _unparsable_keys(found: ManifestSet) -> set[str]:

@@ -33,6 +33,12 @@ def source(tmp_path: Path) -> DirectorySource:
     return DirectorySource(tmp_path, now=lambda: datetime(2026, 1, 1, tzinfo=UTC))
 
 
+def settled(src: DirectorySource):
+    """A change is acted on once the folder held still for one poll: the first poll only notes it."""
+    assert src.poll().empty, "a change must not be acted on at the poll that first sees it"
+    return src.poll()
+
+
 def test_removed_proxy_becomes_deleting_until_released(tmp_path: Path) -> None:
     write(tmp_path / "catalogue.yaml", CATALOGUE)
     write(tmp_path / "a.yaml", proxy("a"))
@@ -44,7 +50,7 @@ def test_removed_proxy_becomes_deleting_until_released(tmp_path: Path) -> None:
     assert src.poll().empty, "nothing changed, nothing reported"
 
     (tmp_path / "a.yaml").unlink()
-    change = src.poll()
+    change = settled(src)
     [leaving] = change.upserts
     assert leaving.key == "crawl/a"
     assert leaving.metadata.deletion_timestamp == datetime(2026, 1, 1, tzinfo=UTC)
@@ -61,7 +67,7 @@ def test_broken_documents_keep_what_was_there(tmp_path: Path) -> None:
     broken = proxy("a", port=70000)
     write(tmp_path / "a.yaml", broken)
     (tmp_path / "catalogue.yaml").write_text("providers: [{name: Local_Bad, type: local}]\n")
-    change = src.poll()
+    change = settled(src)
     assert change.upserts == [], "an unparsable Proxy is not a deleted Proxy"
     assert change.catalogue is None, "a broken catalogue keeps the previous one"
     assert src.catalogue is not None
@@ -96,3 +102,25 @@ def test_secrets_beside_the_manifests(tmp_path: Path) -> None:
     assert src.credentials_for(found) == {"username": "user", "password": "pw"}
     assert src.secret_value("auth", "password") == "pw"
     assert src.secret_value("auth", "missing") is None
+
+
+def test_a_folder_in_motion_is_not_acted_on(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    src = source(tmp_path)
+    src.poll()
+    (tmp_path / "a.yaml").unlink()  # a `git pull` half way: the file is gone for a moment...
+    assert src.poll().empty
+    write(tmp_path / "a.yaml", proxy("a"))  # ...and back, before the folder ever held still without it
+    assert src.poll().empty
+    assert src.poll().empty, "same content: nothing to do, and nothing was deleted"
+    assert [p.metadata.deletion_timestamp for p in src.proxies()] == [None]
+
+
+def test_no_catalogue_reconciles_nothing(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", proxy("a"))
+    src = source(tmp_path)
+    change = src.poll()
+    assert src.catalogue is None
+    assert change.catalogue is None
+    assert any("no provider catalogue" in p.message for p in change.problems)
