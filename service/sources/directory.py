@@ -130,8 +130,9 @@ def _no_catalogue(directory: Path) -> Problem:
         line=None,
         obj="catalogue",
         path="",
-        message="no provider catalogue (a document with a top-level `providers` list) in this folder: nothing "
-        "is reconciled until there is one; to remove every proxy, keep the catalogue and delete the Proxies",
+        message="no provider catalogue (a document with a top-level `providers` list) in this folder: "
+        "nothing is reconciled until there is one; to remove every proxy, keep the catalogue and delete "
+        "the Proxies",
     )
 
 
