@@ -29,7 +29,9 @@ app.command("preview")(preview_command)
 
 @app.command()
 def validate(
-    manifests: Path = typer.Option(..., "--manifests", help="Folder of Proxy manifests and one catalogue."),
+    manifests: Path = typer.Option(
+        ..., "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
+    ),
 ) -> None:
     """Check Proxies and the provider catalogue; exit 1 listing every problem."""
     report = validate_manifests(manifests)
@@ -41,7 +43,9 @@ def validate(
 
 @app.command()
 def up(
-    manifests: Path = typer.Option(..., "--manifests", help="Folder of Proxy manifests and one catalogue."),
+    manifests: Path = typer.Option(
+        ..., "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
+    ),
     state_dir: Path = typer.Option(Path(".state"), "--state-dir", help="Work dirs, default file backend."),
 ) -> None:
     """Apply the manifests once (every stack they change or empty) and exit: for a GitOps job."""
@@ -63,7 +67,9 @@ def up(
 
 @app.command()
 def serve(
-    manifests: Path = typer.Option(..., "--manifests", help="Folder of Proxy manifests and one catalogue."),
+    manifests: Path = typer.Option(
+        ..., "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
+    ),
     state_dir: Path = typer.Option(Path(".state"), "--state-dir", help="Work dirs, default file backend."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address the API listens on."),
     port: int = typer.Option(8080, "--port", help="Port of the API."),

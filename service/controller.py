@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from automation.engine import Engine, OperationResult, PreviewStep, interrupt_children
+from automation.errors import ProxyOperatorError
 from automation.planner import Planner, StackPlan, is_deleting
 from automation.queue import WorkQueue
 from automation.queue_state import QueueState, StackQueueState
@@ -67,7 +68,12 @@ class Controller:
         if self.source.catalogue is None:
             log.error("no provider catalogue in the manifests yet: no stack is reconciled until there is one")
             return
-        existing = await asyncio.to_thread(self.engine.list_stack_names)
+        try:
+            existing = await asyncio.to_thread(self.engine.list_stack_names)
+        except ProxyOperatorError as exc:
+            # The backend is unreachable or refuses us (credentials, passphrase): retried at the next poll.
+            log.error("cannot list the stacks of the backend: %s", exc.message)
+            return
         for name in sorted(set(existing) | self.planner.stacks()):
             self.queue.submit(name, generation_hint=self._hint(name))
         self._backend_seen = True
@@ -90,7 +96,11 @@ class Controller:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch the source until `stop` is set; request drift checks every resync interval."""
-        await self.start()
+        try:
+            await self.start()
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the manifests: %s", exc)  # retried at every poll below
+            self._started = True
         resync = self.settings.resync_seconds
         next_resync = asyncio.get_running_loop().time() + resync if resync else None
         while not stop.is_set():

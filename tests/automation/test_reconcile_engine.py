@@ -205,3 +205,21 @@ def test_stale_lock_of_a_killed_up_is_recovered(fleet: Fleet) -> None:
         assert controller.engine.up_count("local") == 2
 
     asyncio.run(fleet.run(scenario))
+
+
+def test_an_unusable_backend_at_start_is_reported_and_retried(
+    pulumi_env: PulumiEnv, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    not_a_folder = tmp_path / "backend-file"
+    not_a_folder.write_text("this is a file, not a state folder\n")
+    fleet = Fleet(root=tmp_path / "fleet", backend_url=not_a_folder.as_uri())
+    fleet.write_proxy("a", port=free_port())
+
+    async def scenario() -> None:
+        controller = fleet.controller()
+        fleet._controllers.append(controller)
+        await controller.start()  # must not raise: `serve` keeps running and retries at the next poll
+        assert controller._backend_seen is False
+
+    asyncio.run(fleet.run(scenario))
+    assert any("cannot list the stacks of the backend" in r.getMessage() for r in caplog.records)
