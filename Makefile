@@ -48,5 +48,5 @@ lock: ## re-resolve requirements.lock from pyproject.toml (then review the diff)
 	$(PY) -m pip freeze --exclude-editable | grep -v '^proxy-operator' > requirements.lock
 
 clean: ## stop the local proxies `make run` started, remove the venv, the engine and local state
-	-pkill -f "$(CURDIR)/.state/" || true
+	@pkill -f "$(CURDIR)/[.]state/" || true  # [.]: never match this shell's own command line
 	rm -rf $(VENV) .tools .state .pytest_cache .ruff_cache .mypy_cache *.egg-info
