@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -23,15 +24,22 @@ def main() -> None:
     """proxy-operator: Proxy objects in, one Pulumi stack per provider, a discovery API out."""
 
 
+# Options shared by the commands that read a manifests folder.
+Manifests = Annotated[
+    Path,
+    typer.Option(
+        "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
+    ),
+]
+StateDir = Annotated[Path, typer.Option("--state-dir", help="Work dirs, and the default file backend.")]
+
 app.add_typer(stacks_app, name="stacks")
 app.command("preview")(preview_command)
 
 
 @app.command()
 def validate(
-    manifests: Path = typer.Option(
-        ..., "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
-    ),
+    manifests: Manifests,
 ) -> None:
     """Check Proxies and the provider catalogue; exit 1 listing every problem."""
     report = validate_manifests(manifests)
@@ -43,34 +51,24 @@ def validate(
 
 @app.command()
 def up(
-    manifests: Path = typer.Option(
-        ..., "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
-    ),
-    state_dir: Path = typer.Option(Path(".state"), "--state-dir", help="Work dirs, default file backend."),
+    manifests: Manifests,
+    state_dir: StateDir = Path(".state"),
 ) -> None:
     """Apply the manifests once (every stack they change or empty) and exit: for a GitOps job."""
     configure_logging()
     settings = OperatorSettings(state_dir=state_dir)
     report = asyncio.run(apply_once(settings, manifests))
-    for problem in report.problems:
-        typer.echo(f"problem: {problem}", err=True)
-    for name, error in sorted(report.errors.items()):
-        typer.echo(f"error: {name}: {error}", err=True)
-    for key, address in sorted(report.addresses.items()):
-        typer.echo(f"{key}\t{address}")
-    typer.echo(
-        f"{len(report.stacks)} stack(s), {len(report.addresses)} proxy address(es), "
-        f"{len(report.errors) + len(report.problems)} problem(s)"
-    )
+    for line in report.problem_lines():
+        typer.echo(line, err=True)
+    for line in report.address_lines():
+        typer.echo(line)
     raise typer.Exit(0 if report.ok else 1)
 
 
 @app.command()
 def serve(
-    manifests: Path = typer.Option(
-        ..., "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
-    ),
-    state_dir: Path = typer.Option(Path(".state"), "--state-dir", help="Work dirs, default file backend."),
+    manifests: Manifests,
+    state_dir: StateDir = Path(".state"),
     host: str = typer.Option("127.0.0.1", "--host", help="Address the API listens on."),
     port: int = typer.Option(8080, "--port", help="Port of the API."),
     json_logs: bool = typer.Option(False, "--json-logs", help="One JSON object per log line."),

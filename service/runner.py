@@ -32,6 +32,18 @@ class ApplyReport:
     def ok(self) -> bool:
         return not self.errors and not self.problems
 
+    def problem_lines(self) -> list[str]:
+        return [f"problem: {p}" for p in self.problems] + [
+            f"error: {name}: {error}" for name, error in sorted(self.errors.items())
+        ]
+
+    def address_lines(self) -> list[str]:
+        summary = (
+            f"{len(self.stacks)} stack(s), {len(self.addresses)} proxy address(es), "
+            f"{len(self.errors) + len(self.problems)} problem(s)"
+        )
+        return [f"{key}\t{address}" for key, address in sorted(self.addresses.items())] + [summary]
+
 
 def build_controller(
     settings: OperatorSettings, manifests: Path, *, inventory: Inventory | None = None
