@@ -55,9 +55,12 @@ def test_serve_provisions_probes_and_leases(pulumi_env: PulumiEnv, tmp_path: Pat
                 assert released.status_code in (200, 204)
                 proxies = (await client.get("/v1/proxies", headers=headers)).json()
                 assert sorted(p["key"] for p in proxies["items"]) == ["crawl/p0", "crawl/p1"]
-                status = (await client.get("/v1/status/crawl/p0", headers=headers)).json()
+                leased = lease["leases"][
+                    0
+                ]  # healthy by now: it was leased (its neighbour may not be probed yet)
+                status = (await client.get(f"/v1/status/{leased['key']}", headers=headers)).json()
                 assert status["status"]["phase"] == "Ready"
-                assert status["status"]["address"]["port"] == ports[0]
+                assert status["status"]["address"]["port"] == leased["port"]
                 reasons = [e["reason"] for e in status["events"]]
                 assert "Provisioned" in reasons
                 assert "ProbeSucceeded" in reasons
