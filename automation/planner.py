@@ -60,7 +60,7 @@ class Planner:
     catalogue: ProviderCatalogue = field(default_factory=ProviderCatalogue)
     _proxies: dict[str, Proxy] = field(default_factory=dict)
     _hashes: dict[str, str] = field(default_factory=dict)
-    _last_good: dict[str, Proxy] = field(default_factory=dict)
+    _last_good: dict[str, PlannedProxy] = field(default_factory=dict)
     _by_stack: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     rejected: dict[str, PermanentError] = field(default_factory=dict)
 
@@ -104,12 +104,10 @@ class Planner:
     def remember_applied(self, proxies: list[Proxy]) -> None:
         """Seed last-good versions from what a stack last applied (read back after a restart)."""
         for proxy in proxies:
-            self._last_good.setdefault(proxy.key, proxy)
+            if proxy.key not in self._last_good:
+                self._last_good[proxy.key] = PlannedProxy(proxy=proxy, spec_hash=proxy_spec_hash(proxy))
 
     # --- queries ----------------------------------------------------------------------------------------
-
-    def get(self, key: str) -> Proxy | None:
-        return self._proxies.get(key)
 
     def stacks(self) -> set[str]:
         """Every stack that some proxy names or that the catalogue lists."""
@@ -150,9 +148,9 @@ class Planner:
         if proxy.key not in self.rejected:
             return PlannedProxy(proxy=proxy, spec_hash=self._hashes[proxy.key])
         good = self._last_good.get(proxy.key)
-        if good is None or good.spec.provider != proxy.spec.provider:
+        if good is None or good.proxy.spec.provider != proxy.spec.provider:
             return None
-        return PlannedProxy(proxy=good, spec_hash=proxy_spec_hash(good))
+        return good
 
     def _validate(self, proxy: Proxy) -> None:
         key = proxy.key
@@ -162,7 +160,7 @@ class Planner:
         problems = proxy_problems(proxy, self.catalogue)
         if not problems:
             self.rejected.pop(key, None)
-            self._last_good[key] = proxy
+            self._last_good[key] = PlannedProxy(proxy=proxy, spec_hash=self._hashes[key])
             return
         message = "; ".join(f"{p.path}: {p.message}" for p in problems)
         unknown = self.catalogue.get(proxy.spec.provider) is None

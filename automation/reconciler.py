@@ -14,10 +14,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from automation.engine import Engine, OperationResult, PreviewStep
+from automation.engine import APPLIED_PROXIES_OUTPUT, HASH_OUTPUT, Engine, OperationResult, PreviewStep
 from automation.errors import UnknownProviderError
 from automation.planner import Planner, StackPlan
-from automation.stack_input import CredentialSource, ResolvedStack, resolve_stack
+from automation.stack_input import CredentialSource, ResolvedStack, applied_proxies, resolve_stack
 from stacks.models import Proxy
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,7 @@ class Reconciler:
             await self._destroy(name)
             return
         if plan.entry is None:
-            self._provider_missing(plan)
-            return
+            raise self._provider_missing(plan)
         resolved = resolve_stack(plan, self.credentials)
         for key, message in resolved.skipped.items():
             self.reporter.proxy_event(key, reason="CredentialsMissing", message=message, warning=True)
@@ -85,8 +84,6 @@ class Reconciler:
 
     async def _forget(self, plan: StackPlan) -> None:
         """Skip-cleanup: drop the proxies' components from state, keep the real resources, release them."""
-        if not plan.forget:
-            return
         keys = [proxy.key for proxy in plan.forget]
         forgotten = await asyncio.to_thread(self.engine.forget, plan.name, keys)
         for proxy in plan.forget:
@@ -119,23 +116,18 @@ class Reconciler:
 
     async def _applied_hash(self, name: str) -> str | None:
         if name not in self._applied:
-            outputs = await asyncio.to_thread(self._read_outputs, name)
+            outputs = await asyncio.to_thread(self.engine.plain_outputs, name)
             self._outputs[name] = outputs
-            self._applied[name] = str(outputs.get("specHash") or "")
-            self.planner.remember_applied(_applied_proxies(outputs))
+            self._applied[name] = str(outputs.get(HASH_OUTPUT) or "")
+            self.planner.remember_applied(applied_proxies(outputs.get(APPLIED_PROXIES_OUTPUT)))
         return self._applied[name] or None
-
-    def _read_outputs(self, name: str) -> dict[str, Any]:
-        if not self.engine.exists(name):
-            return {}
-        return {key: value for key, (value, _secret) in self.engine.outputs(name).items()}
 
     def _release(self, proxies: tuple[Proxy, ...], *, forgotten: bool = False) -> None:
         for proxy in proxies:
             self.planner.remove(proxy.key)
             self.reporter.released(proxy, forgotten=forgotten)
 
-    def _provider_missing(self, plan: StackPlan) -> None:
+    def _provider_missing(self, plan: StackPlan) -> UnknownProviderError:
         message = (
             f"provider '{plan.name}' is not in the catalogue: restore the entry so these proxies can be "
             f"provisioned or removed, or annotate a deleting proxy with crawl.example.com/skip-cleanup: "
@@ -143,26 +135,4 @@ class Reconciler:
         )
         for proxy in plan.deleting:
             self.reporter.proxy_event(proxy.key, reason="ProviderMissing", message=message, warning=True)
-        raise UnknownProviderError(message)
-
-
-def _applied_proxies(outputs: dict[str, Any]) -> list[Proxy]:
-    applied = outputs.get("appliedProxies") or []
-    proxies = []
-    for item in applied if isinstance(applied, list) else []:
-        try:
-            proxies.append(
-                Proxy.model_validate(
-                    {
-                        "metadata": {
-                            "name": item["name"],
-                            "namespace": item["namespace"],
-                            "labels": item.get("labels") or {},
-                        },
-                        "spec": item["spec"],
-                    }
-                )
-            )
-        except (KeyError, TypeError, ValueError):
-            continue  # an older or foreign output: no last-good version, nothing lost
-    return proxies
+        return UnknownProviderError(message)

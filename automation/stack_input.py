@@ -57,6 +57,22 @@ def program_proxy(proxy: Proxy) -> dict[str, object]:
     }
 
 
+def applied_proxies(applied: object) -> list[Proxy]:
+    """The inverse of `program_proxy`, for the `appliedProxies` output read back after a restart."""
+    proxies = []
+    for item in applied if isinstance(applied, list) else []:
+        try:
+            metadata = {
+                "name": item["name"],
+                "namespace": item["namespace"],
+                "labels": item.get("labels") or {},
+            }
+            proxies.append(Proxy.model_validate({"metadata": metadata, "spec": item["spec"]}))
+        except (KeyError, TypeError, ValueError):
+            continue  # an older or foreign output: no last-good version, nothing lost
+    return proxies
+
+
 def resolve_stack(plan: StackPlan, credentials: CredentialSource) -> ResolvedStack:
     """Resolve Secret-backed credentials; a proxy whose Secret cannot be read is left out and reported.
 

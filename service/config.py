@@ -64,7 +64,7 @@ class OperatorSettings(BaseSettings):
             return self.passphrase_file.read_text().rstrip("\n")
         if "PULUMI_CONFIG_PASSPHRASE" in os.environ:
             return os.environ["PULUMI_CONFIG_PASSPHRASE"]
-        return _generated_passphrase(self.state_dir / "passphrase")
+        return secret_file(self.state_dir / "passphrase")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -75,8 +75,8 @@ class OperatorSettings(BaseSettings):
         )
 
 
-def _generated_passphrase(path: Path) -> str:
-    """The embedded default: a passphrase made once and kept beside the state it protects."""
+def secret_file(path: Path) -> str:
+    """The embedded default's secrets (passphrase, dev token): made once, mode 0600, beside the state."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -99,22 +99,26 @@ class Controller:
         try:
             await self.start()
         except (OSError, ValueError) as exc:
-            log.error("cannot read the manifests: %s", exc)  # retried at every poll below
+            log.error("cannot read the manifests: %s", exc)  # tried again at every poll below
             self._started = True
         resync = self.settings.resync_seconds
         next_resync = asyncio.get_running_loop().time() + resync if resync else None
         while not stop.is_set():
-            try:
-                self.sync()
-            except (OSError, ValueError) as exc:
-                log.error("cannot read the manifests: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=self.settings.poll_seconds)
+            self._poll()
             if not self._backend_seen and self.source.catalogue is not None:
-                await self._submit_known_stacks()
+                await self._submit_known_stacks()  # the backend or the catalogue was not there yet
             if next_resync is not None and asyncio.get_running_loop().time() >= next_resync:
                 self.request_resync()
                 next_resync += resync
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.settings.poll_seconds)
+
+    def _poll(self) -> None:
+        """`sync`, but a folder that cannot be read is logged and tried again at the next poll."""
+        try:
+            self.sync()
+        except (OSError, ValueError) as exc:
+            log.error("cannot read the manifests: %s", exc)
 
     def request_resync(self) -> None:
         for name, plan in self.planner.plan_all().items():
@@ -228,24 +232,15 @@ class Controller:
         stalled = state.state is QueueState.STALLED
         error = state.last_error
         for planned in self.planner.plan(state.stack).proxies:
-            if stalled:
-                self.status.set_condition(
-                    planned.key,
-                    type_="Stalled",
-                    true=True,
-                    reason=error.reason,
-                    message=error.message,
-                    warning=True,
-                )
-            else:
-                self.status.set_condition(
-                    planned.key,
-                    type_="Provisioned",
-                    true=False,
-                    reason=error.reason,
-                    message=error.message,
-                    warning=True,
-                )
+            self.status.set_condition(
+                planned.key,
+                # Stalled=True after N failures in a row; before that, Provisioned=False says why.
+                type_="Stalled" if stalled else "Provisioned",
+                true=stalled,
+                reason=error.reason,
+                message=error.message,
+                warning=True,
+            )
 
 
 def _endpoint(proxy: Proxy, *, stack: str, out: dict[str, Any], creds: dict[str, Any]) -> ProxyEndpoint:

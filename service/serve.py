@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from prometheus_client import CollectorRegistry
 from automation.inspect import StackInspector
 from service.api import create_app
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
-from service.config import OperatorSettings
+from service.config import OperatorSettings, secret_file
 from service.controller import Controller
 from service.discovery.memory import MemoryStore
 from service.discovery.service import DiscoveryService
@@ -81,7 +80,6 @@ def build_service(settings: OperatorSettings, manifests: Path, *, port: int | No
         registry=registry,
         stack_inspector=StackInspector(controller.engine),
         status_board=controller.status,
-        ready_checks=[_loaded(inventory)],
     )
     config = uvicorn.Config(
         app,
@@ -142,24 +140,12 @@ def token_hint(settings: OperatorSettings) -> str:
 
 
 def dev_token(state_dir: Path) -> str:
-    """The embedded default's token: made once, kept in state_dir/dev-token (mode 0600)."""
-    path = state_dir / "dev-token"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(24) + "\n")
-    return path.read_text().strip()
+    """The embedded default's token, kept in state_dir/dev-token."""
+    return secret_file(state_dir / "dev-token")
 
 
 def _probe_host(settings: OperatorSettings) -> str:
     return "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
-
-
-def _loaded(inventory: Inventory) -> Callable[[], Awaitable[str | None]]:
-    async def check() -> str | None:
-        return None if inventory.loaded else "desired state not loaded yet"
-
-    return check
 
 
 def _health_to_status(controller: Controller) -> Callable[[HealthTransition], None]:

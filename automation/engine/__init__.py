@@ -1,10 +1,12 @@
 """The Pulumi engine: the only package that imports `pulumi.automation`."""
 
-from automation.engine.config import EngineConfig, StackInput
+from automation.engine.config import APPLIED_PROXIES_OUTPUT, HASH_OUTPUT, EngineConfig, StackInput
 from automation.engine.core import Engine, interrupt_children
 from automation.engine.results import OperationResult, PreviewStep, StackInfo
 
 __all__ = [
+    "APPLIED_PROXIES_OUTPUT",
+    "HASH_OUTPUT",
     "Engine",
     "EngineConfig",
     "OperationResult",

@@ -11,6 +11,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# The program's stack config namespace, and the outputs it echoes back for the reconciler
+# (see stacks/__main__.py).
+CONFIG_NAMESPACE = "proxy-operator"
+HASH_OUTPUT = "specHash"
+APPLIED_PROXIES_OUTPUT = "appliedProxies"
+
 
 @dataclass(frozen=True)
 class EngineConfig:

@@ -20,17 +20,15 @@ from typing import Any
 from pulumi import automation as auto
 
 from automation.engine.children import interrupt_pulumi_children
-from automation.engine.config import EngineConfig, StackInput
-from automation.engine.errors import translate
+from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, EngineConfig, StackInput
+from automation.engine.errors import STACK_NOT_FOUND, translate
 from automation.engine.events import EventLogger
 from automation.engine.locks import LockRecovery
 from automation.engine.results import OperationResult, PreviewStep, StackInfo, steps_from_events
 from automation.engine.state_edit import remove_components
+from automation.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
-
-CONFIG_NAMESPACE = "proxy-operator"
-HASH_OUTPUT = "specHash"
 
 
 class Engine:
@@ -65,11 +63,6 @@ class Engine:
             self._retry_lock(stack, lambda: stack.preview_destroy(on_event=events))
             return steps_from_events(events.events)
 
-    def refresh(self, name: str) -> OperationResult:
-        with self._operation(name, "refresh", create=False) as (stack, events):
-            result = self._retry_lock(stack, lambda: stack.refresh(on_event=events))
-            return OperationResult.from_summary(stack=name, kind="refresh", summary=result.summary)
-
     def detect_drift(self, name: str) -> list[PreviewStep]:
         """Preview a refresh: what differs between state and the real resources, changing nothing."""
         with self._operation(name, "preview-refresh", create=False) as (stack, events):
@@ -99,11 +92,6 @@ class Engine:
             if any(forgotten.values()):
                 stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
             return forgotten
-
-    def remove(self, name: str) -> None:
-        """Forget a whole stack (its resources stay where they are)."""
-        if self.exists(name):
-            self._workspace(name).remove_stack(name, force=True)
 
     def remove_if_empty(self, name: str) -> bool:
         """Remove a stack that holds no resources (a preview created it); Pulumi refuses any other."""
@@ -156,12 +144,20 @@ class Engine:
             raise translate(exc, stack=name) from exc
         return dict(json.loads(result.stdout))
 
+    def plain_outputs(self, name: str) -> dict[str, Any]:
+        """Output values (secrets decrypted); empty when there is no such stack. One CLI call."""
+        try:
+            with self._operation(name, "outputs", create=False) as (stack, _events):
+                return {key: out.value for key, out in stack.outputs().items()}
+        except InvalidInputError as exc:
+            if exc.reason == STACK_NOT_FOUND:
+                return {}
+            raise
+
     def applied_hash(self, name: str) -> str | None:
         """The spec hash of the last successful `up` (an output of the stack, so a restart finds it)."""
-        if not self.exists(name):
-            return None
-        value = self.outputs(name).get(HASH_OUTPUT)
-        return str(value[0]) if value else None
+        value = self.plain_outputs(name).get(HASH_OUTPUT)
+        return str(value) if value else None
 
     # --- plumbing -------------------------------------------------------------------------------------
 
@@ -224,10 +220,6 @@ class Engine:
 
 def _plain(outputs: dict[str, Any]) -> dict[str, Any]:
     return {key: value.value for key, value in outputs.items()}
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def interrupt_children(*, grace: float = 10.0) -> int:

@@ -15,6 +15,8 @@ from automation.errors import (
     TransientError,
 )
 
+STACK_NOT_FOUND = "StackNotFound"
+
 # Patterns in the CLI's output, checked in order. Kept as data so a new case is one line.
 _PERMANENT = [
     (
@@ -53,7 +55,7 @@ def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorErro
     if isinstance(exc, auto.errors.ConcurrentUpdateError):
         return StackLockedError(f"stack {stack} is locked by another operation: {text}")
     if isinstance(exc, auto.errors.StackNotFoundError):
-        return InvalidInputError(f"stack {stack} does not exist", reason="StackNotFound")
+        return InvalidInputError(f"stack {stack} does not exist", reason=STACK_NOT_FOUND)
     for pattern, error_type, reason in _PERMANENT:
         if pattern.search(text):
             return error_type(f"stack {stack}: {text}", reason=reason)

@@ -8,6 +8,7 @@ from typing import Any
 
 from pulumi.automation import events as ev
 
+from automation.engine.config import HASH_OUTPUT
 from automation.engine.events import COMPONENT_TYPE, urn_name, urn_type
 
 CHANGE_OPS = ("create", "update", "replace", "delete")
@@ -113,7 +114,7 @@ class StackInfo:
         resources = deployment.get("resources") or []
         proxies = sorted(urn_name(r["urn"]) for r in resources if r.get("type") == COMPONENT_TYPE)
         last = history[0] if history else None
-        hash_output = outputs.get("specHash")
+        hash_output = outputs.get(HASH_OUTPUT)
         return cls(
             name=name,
             resource_count=len([r for r in resources if not r.get("type", "").startswith("pulumi:")]),

@@ -6,7 +6,7 @@ import pytest
 
 from automation.errors import CredentialsError
 from automation.planner import Planner
-from automation.stack_input import resolve_stack
+from automation.stack_input import applied_proxies, program_proxy, resolve_stack
 from stacks.models import ProviderCatalogue, Proxy
 
 
@@ -76,3 +76,15 @@ def test_missing_proxy_secret_leaves_only_that_proxy_out() -> None:
     assert with_b.skipped == {}
     assert with_b.input.spec_hash != resolved.input.spec_hash
     assert '"crawl/b":{"password":"p","username":"u"}' in with_b.input.credentials_json
+
+
+def test_applied_proxies_read_back_what_the_program_was_given() -> None:
+    original = Proxy.model_validate(
+        proxy("a", mode="generated")
+        | {"metadata": {"name": "a", "namespace": "crawl", "labels": {"tier": "1"}}}
+    )
+    [back] = applied_proxies([program_proxy(original), {"name": "broken"}])  # a foreign entry is skipped
+    assert back.key == original.key
+    assert back.spec == original.spec
+    assert back.metadata.labels == {"tier": "1"}
+    assert applied_proxies(None) == []
