@@ -6,14 +6,43 @@ timestamps. Lease keys are derived inside the scripts, so the store needs one Re
 
 from __future__ import annotations
 
-# KEYS: hold zset (client|target), penalty zset (target), lru zset
-# ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids,
-#       ids..., candidates...
-ACQUIRE = r"""
-local hold, pen, lru = KEYS[1], KEYS[2], KEYS[3]
+# The arguments both acquire scripts take (see their ARGV lists).
+_ARGS = r"""
 local now, count, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cooldown, client, target = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local lease_prefix, grace, ignore_cd = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
+"""
+
+# Both acquire scripts end the same way: hand out `picked` (proxy keys, LRU order first) with the lease ids
+# from ARGV[11...], hold each for this client and target until max(cooldown, ttl), and mark it used now.
+_HAND_OUT = r"""
+local hold_until = now + math.max(cooldown, ttl)
+local out = {earliest and string.format('%.6f', earliest) or ''}
+for i = 1, #picked do
+  local key, id = picked[i], ARGV[10 + i]
+  redis.call('ZADD', hold, string.format('%.6f', hold_until), key)
+  redis.call('ZADD', lru, string.format('%.6f', now), key)
+  local lk = lease_prefix .. id
+  redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
+    'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
+    'hold', string.format('%.6f', hold_until), 'released', '0')
+  redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
+  out[#out + 1] = id
+  out[#out + 1] = key
+end
+redis.call('PEXPIRE', hold, math.floor((math.max(cooldown, ttl) + 60) * 1000))
+return out
+"""
+
+# KEYS: hold zset (client|target), penalty zset (target), lru zset
+# ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids,
+#       ids..., candidates...
+ACQUIRE = (
+    r"""
+local hold, pen, lru = KEYS[1], KEYS[2], KEYS[3]
+"""
+    + _ARGS
+    + r"""
 local nids = tonumber(ARGV[10])
 local first = 11 + nids
 local eligible, earliest = {}, nil
@@ -36,24 +65,11 @@ end
 if count < #eligible then
   table.sort(eligible, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
 end
-local hold_until = now + math.max(cooldown, ttl)
-if ttl <= cooldown then hold_until = now + cooldown end
-local out = {earliest and string.format('%.6f', earliest) or ''}
-for i = 1, math.min(count, #eligible) do
-  local key, id = eligible[i][2], ARGV[10 + i]
-  redis.call('ZADD', hold, string.format('%.6f', hold_until), key)
-  redis.call('ZADD', lru, string.format('%.6f', now), key)
-  local lk = lease_prefix .. id
-  redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
-    'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
-    'hold', string.format('%.6f', hold_until), 'released', '0')
-  redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
-  out[#out + 1] = id
-  out[#out + 1] = key
-end
-redis.call('PEXPIRE', hold, math.floor((math.max(cooldown, ttl) + 60) * 1000))
-return out
+local picked = {}
+for i = 1, math.min(count, #eligible) do picked[i] = eligible[i][2] end
 """
+    + _HAND_OUT
+)
 
 # KEYS: lease key; ARGV: now, cooldown, hold key prefix
 RELEASE = r"""
@@ -89,13 +105,14 @@ return {string.format('%.6f', untl), tostring(strikes)}
 # the LRU zset from its oldest member, so a lease costs O(chunk) and not O(fleet) in the common case.
 # KEYS: hold zset, penalty zset, lru zset, candidate set
 # ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids, ids...
-ACQUIRE_FROM_SET = r"""
+ACQUIRE_FROM_SET = (
+    r"""
 local hold, pen, lru, cand = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
 redis.call('PEXPIRE', cand, 600000)
-local now, count, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local cooldown, client, target = tonumber(ARGV[4]), ARGV[5], ARGV[6]
-local lease_prefix, grace, ignore_cd = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
+"""
+    + _ARGS
+    + r"""
 local picked, earliest = {}, nil
 local total, pos, CHUNK = redis.call('ZCARD', lru), 0, 256
 while #picked < count and pos < total do
@@ -117,20 +134,6 @@ while #picked < count and pos < total do
     end
   end
 end
-local hold_until = now + math.max(cooldown, ttl)
-local out = {earliest and string.format('%.6f', earliest) or ''}
-for i = 1, #picked do
-  local key, id = picked[i], ARGV[10 + i]
-  redis.call('ZADD', hold, string.format('%.6f', hold_until), key)
-  redis.call('ZADD', lru, string.format('%.6f', now), key)
-  local lk = lease_prefix .. id
-  redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
-    'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
-    'hold', string.format('%.6f', hold_until), 'released', '0')
-  redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
-  out[#out + 1] = id
-  out[#out + 1] = key
-end
-redis.call('PEXPIRE', hold, math.floor((math.max(cooldown, ttl) + 60) * 1000))
-return out
 """
+    + _HAND_OUT
+)

@@ -129,24 +129,8 @@ class RedisStore:
         return Acquired(leases=leases, earliest=earliest)
 
     async def _acquire_listed(self, request: AcquireRequest, *, now: float) -> Acquired:
-        ids = list(request.lease_ids)[: request.count]
-        args = [
-            _f(now),
-            str(request.count),
-            _f(request.ttl),
-            _f(request.cooldown),
-            request.client,
-            request.target,
-            f"{self._p}:lease:",
-            _f(LEASE_GRACE),
-            "1" if request.ignore_cooldown else "0",
-            str(len(ids)),
-            *ids,
-            *request.candidates,
-        ]
-        hold = self._hold_key(request.client, request.target)
-        keys = [hold, f"{self._p}:pen:{request.target}", f"{self._p}:lru"]
-        out = await self._acquire(keys=keys, args=args)
+        args = [*self._args(request, now=now), *request.candidates]
+        out = await self._acquire(keys=self._keys(request), args=args)
         return self._acquired(out, request=request, now=now)
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
