@@ -32,11 +32,24 @@ if command -v ssh-keygen >/dev/null && ! ssh-keygen -y -P "" -f "$key" >/dev/nul
 fi
 [[ -s "$known_hosts" ]] || die "known_hosts $known_hosts is missing or empty: run ssh-keyscan for every host (docs/kvm-provider.md)"
 
-manifest=(kubectl create secret generic "$name" --namespace "$namespace"
-  --from-file=id_ed25519="$key" --from-file=known_hosts="$known_hosts" --dry-run=client -o yaml)
+# Rendered here rather than by `kubectl create --dry-run`, so printing it needs no kubectl.
+manifest() {
+  cat <<YAML
+apiVersion: v1
+kind: Secret
+metadata:
+  name: $name
+  namespace: $namespace
+type: Opaque
+data:
+  id_ed25519: $(base64 -w0 < "$key")
+  known_hosts: $(base64 -w0 < "$known_hosts")
+YAML
+}
 
 if [[ "$apply" == "1" ]]; then
-  "${manifest[@]}" | kubectl apply -f -
+  command -v kubectl >/dev/null || die "--apply needs kubectl; without it, print the manifest and apply it elsewhere"
+  manifest | kubectl apply -f -
 else
-  "${manifest[@]}"
+  manifest
 fi

@@ -5,22 +5,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.automation.fleet import Fleet, accepts, free_port
-from tests.conftest import PulumiEnv
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture
-def fleet(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet(root=tmp_path, backend_url=pulumi_env.backend_url)
-    yield fleet
-    fleet.kill_proxies()
 
 
 def kill_proxy(controller, key: str) -> None:

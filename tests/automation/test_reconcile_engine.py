@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,6 @@ from tests.automation.fleet import Fleet, accepts, free_port, kill_up_holding_lo
 from tests.conftest import PulumiEnv
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture
-def fleet(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet(root=tmp_path, backend_url=pulumi_env.backend_url)
-    yield fleet
-    fleet.kill_proxies()
 
 
 def components(controller, stack: str) -> list[str]:

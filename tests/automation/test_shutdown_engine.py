@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,13 +12,6 @@ from tests.automation.fleet import Fleet, free_port
 from tests.conftest import PulumiEnv
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture
-def fleet(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Fleet]:
-    fleet = Fleet(root=tmp_path, backend_url=pulumi_env.backend_url)
-    yield fleet
-    fleet.kill_proxies()
 
 
 def test_close_interrupts_a_running_up_and_leaves_no_lock(fleet: Fleet, pulumi_env: PulumiEnv) -> None:

@@ -8,7 +8,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 
 from tests.conftest import ROOT
@@ -60,9 +59,6 @@ def test_refuses_a_missing_known_hosts(tmp_path: Path) -> None:
     assert "known_hosts" in result.stderr
 
 
-@pytest.mark.skipif(
-    shutil.which("kubectl") is None, reason="prints the manifest with kubectl --dry-run=client"
-)
 def test_prints_the_secret_with_the_key_and_known_hosts(tmp_path: Path) -> None:
     key = _keypair(tmp_path)
     result = _run(key, tmp_path / "known_hosts")
