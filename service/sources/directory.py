@@ -100,9 +100,9 @@ class DirectorySource:
     def _reload(self, found: ManifestSet) -> SourceChange:
         change = SourceChange(problems=list(found.problems))
         self.problems = change.problems
+        self._secrets = _load_secrets(found, change.problems)
         for problem in change.problems:
             log.warning("manifest problem: %s", problem)
-        self._secrets = _load_secrets(self.directory)
         if found.catalogue is not None and found.catalogue != self._catalogue and len(found.catalogues) == 1:
             self._catalogue = change.catalogue = found.catalogue
         elif found.catalogue is None and self._catalogue is None and not found.broken_catalogues:
@@ -146,22 +146,33 @@ def _unparsable_keys(found: ManifestSet) -> set[str]:
     return keys
 
 
-def _load_secrets(directory: Path) -> dict[str, dict[str, str]]:
-    """`kind: Secret` documents beside the Proxies: proxy credentials for auth.mode `secret`."""
-    found: dict[str, dict[str, str]] = {}
-    for path in manifest_files(directory):
+def _load_secrets(found: ManifestSet, problems: list[Problem]) -> dict[str, dict[str, str]]:
+    """`kind: Secret` documents beside the Proxies (credentials for auth.mode `secret`), from the documents
+    `load_manifests` already parsed and set aside; an undecodable one is reported and left out."""
+    secrets: dict[str, dict[str, str]] = {}
+    for source in found.ignored:
+        doc = yaml.SafeLoader("").construct_document(source.node) if source.node is not None else None
+        if not (
+            isinstance(doc, dict) and doc.get("kind") == "Secret" and isinstance(doc.get("metadata"), dict)
+        ):
+            continue
+        ref = f"{doc['metadata'].get('namespace') or 'default'}/{doc['metadata'].get('name')}"
         try:
-            documents = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
-        except (yaml.YAMLError, UnicodeDecodeError):
-            continue  # load_manifests reported it
-        for doc in documents:
-            if (
-                isinstance(doc, dict)
-                and doc.get("kind") == "Secret"
-                and isinstance(doc.get("metadata"), dict)
-            ):
-                meta = doc["metadata"]
-                data = {k: base64.b64decode(v).decode() for k, v in (doc.get("data") or {}).items()}
-                data.update(doc.get("stringData") or {})
-                found[f"{meta.get('namespace') or 'default'}/{meta.get('name')}"] = data
-    return found
+            data = {
+                k: base64.b64decode(v, validate=True).decode() for k, v in (doc.get("data") or {}).items()
+            }
+        except (ValueError, TypeError) as exc:
+            problems.append(
+                Problem(
+                    file=source.file,
+                    document=source.document,
+                    line=source.line,
+                    obj=f"Secret {ref}",
+                    path="data",
+                    message=f"not valid base64 ({exc}): encode the values, or use stringData",
+                )
+            )
+            continue
+        data.update(doc.get("stringData") or {})
+        secrets[ref] = data
+    return secrets

@@ -124,3 +124,21 @@ def test_no_catalogue_reconciles_nothing(tmp_path: Path) -> None:
     assert src.catalogue is None
     assert change.catalogue is None
     assert any("no provider catalogue" in p.message for p in change.problems)
+
+
+def test_an_undecodable_secret_is_reported_and_blocks_nothing(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    bad = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": "bad", "namespace": "crawl"},
+        "data": {"password": "not base64!"},
+    }
+    write(tmp_path / "a.yaml", proxy("a"), bad)
+    src = source(tmp_path)
+    change = src.poll()
+    assert [p.key for p in change.upserts] == ["crawl/a"]
+    [problem] = change.problems
+    assert problem.obj == "Secret crawl/bad"
+    assert "stringData" in problem.message
+    assert src.secret_value("bad", "password") is None
