@@ -110,6 +110,21 @@ class MemoryStore:
             self._leases[lease_id] = released
             return released
 
+    async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.released or lease.expires_at <= now:
+                return None
+            until = now + ttl
+            held = self._hold.setdefault((lease.client, lease.target), {})
+            current = held.get(lease.proxy, 0.0)
+            if current == lease.expires_at or current < until:  # the hold is this lease's (or shorter)
+                held[lease.proxy] = max(lease.handed_at + cooldown, until)
+            renewed = LeaseRecord(**{**lease.__dict__, "expires_at": until})
+            self._leases[lease_id] = renewed
+            heapq.heappush(self._lease_gc, (until + LEASE_GRACE, lease_id))
+            return renewed
+
     async def penalise(
         self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
     ) -> Penalty:
@@ -160,4 +175,7 @@ class MemoryStore:
         for pair in [p for p, (_, until) in self._sessions.items() if until <= now]:
             del self._sessions[pair]
         while self._lease_gc and self._lease_gc[0][0] <= now:
-            self._leases.pop(heapq.heappop(self._lease_gc)[1], None)
+            lease_id = heapq.heappop(self._lease_gc)[1]
+            lease = self._leases.get(lease_id)
+            if lease is not None and lease.expires_at + LEASE_GRACE <= now:  # a renewed lease stays
+                del self._leases[lease_id]

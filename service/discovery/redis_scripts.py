@@ -86,6 +86,28 @@ redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', no
 return 'ok'
 """
 
+# KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace
+# The lease ends at now + ttl; its hold follows when it is this lease's (or shorter), as in the memory store.
+RENEW = r"""
+local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
+if not f[1] then return '' end
+local now, ttl, cooldown, grace = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[5])
+if f[7] == '1' or tonumber(f[5]) <= now then return '' end
+local untl = now + ttl
+local hold = ARGV[4] .. f[1] .. '|' .. f[2]
+local cur = tonumber(redis.call('ZSCORE', hold, f[3]))
+if cur == nil or cur == tonumber(f[6]) or cur < untl then
+  local held = math.max(tonumber(f[4]) + cooldown, untl)
+  redis.call('ZADD', hold, string.format('%.6f', held), f[3])
+  redis.call('HSET', KEYS[1], 'hold', string.format('%.6f', held))
+  local keep = math.floor((held - now + 60) * 1000)
+  if redis.call('PTTL', hold) < keep then redis.call('PEXPIRE', hold, keep) end
+end
+redis.call('HSET', KEYS[1], 'expires', string.format('%.6f', untl))
+redis.call('PEXPIRE', KEYS[1], math.floor((ttl + grace) * 1000))
+return 'ok'
+"""
+
 # KEYS: penalty zset (target), strikes hash (proxy)
 # ARGV: proxy, target, now, base, cap, fraction, keep_seconds
 PENALISE = r"""

@@ -37,6 +37,7 @@ class RedisStore:
         self._p = prefix
         self._acquire = client.register_script(redis_scripts.ACQUIRE)
         self._release = client.register_script(redis_scripts.RELEASE)
+        self._renew = client.register_script(redis_scripts.RENEW)
         self._penalise = client.register_script(redis_scripts.PENALISE)
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
         self._digests: dict[frozenset[str], str] = {}
@@ -151,6 +152,11 @@ class RedisStore:
         out = await self._release(
             keys=[f"{self._p}:lease:{lease_id}"], args=[_f(now), _f(cooldown), f"{self._p}:hold:"]
         )
+        return await self.get_lease(lease_id, now=now) if out == "ok" else None
+
+    async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
+        args = [_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE)]
+        out = await self._renew(keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
     async def penalise(

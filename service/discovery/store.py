@@ -65,10 +65,15 @@ class Store(Protocol):
         """End an active lease early; the cooldown from its hand-out still applies. None if not active."""
         ...
 
+    async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
+        """Make an active lease end `ttl` seconds from `now` (its hold follows). None if not active."""
+        ...
+
     async def penalise(
         self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
     ) -> Penalty:
-        """Record a ban: until = now + fraction * min(cap, base * 2**strikes_before)."""
+        """Record a ban: until = now + fraction * min(cap, base * 2**strikes_before); `strikes` counts
+        this ban (1 for the first since the last good report)."""
         ...
 
     async def forgive(self, *, proxy: str, target: str) -> None:
