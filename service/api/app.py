@@ -5,14 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 
 from service.api.deps import ApiContext, ReadyCheck, StackInspector
 from service.api.errors import install_error_handlers
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
-from service.api.routers import echo, leases, probes, proxies, reports, stacks, status
+from service.api.query_guard import refuse_unknown_query
+from service.api.routers import echo, leases, probes, proxies, reports, stacks, status, whoami
 from service.auth import TokenAuthenticator
 from service.discovery.service import DiscoveryService
 from service.inventory import Inventory
@@ -56,6 +57,7 @@ def create_app(
     )
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
-    for module in (probes, echo, proxies, leases, reports, stacks, status):
-        app.include_router(module.router)
+    app.include_router(probes.router)  # probes take what kubelets and Prometheus send
+    for module in (echo, whoami, proxies, leases, reports, stacks, status):
+        app.include_router(module.router, dependencies=[Depends(refuse_unknown_query)])
     return app

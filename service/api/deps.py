@@ -72,14 +72,14 @@ def _client(request: Request, credentials: HTTPAuthorizationCredentials | None) 
 
 
 def require(*scopes: Scope) -> Callable[..., Awaitable[Client]]:
-    """A dependency that authenticates and demands one of `scopes`."""
+    """A dependency that authenticates and demands one of `scopes` (none given: any known token)."""
     wanted = " ".join(s.value for s in scopes)
 
     async def dependency(
         request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
     ) -> Client:
         client = _client(request, credentials)
-        if not client.scopes.intersection(scopes):
+        if scopes and not client.scopes.intersection(scopes):
             raise ApiError(
                 403,
                 "forbidden",
@@ -91,6 +91,7 @@ def require(*scopes: Scope) -> Callable[..., Awaitable[Client]]:
     return dependency
 
 
+AnyClient = Annotated[Client, Depends(require())]
 LeaseClient = Annotated[Client, Depends(require(Scope.lease))]
 ReportClient = Annotated[Client, Depends(require(Scope.report))]
 ReaderClient = Annotated[Client, Depends(require(Scope.lease, Scope.report, Scope.admin))]

@@ -14,6 +14,10 @@ class ApiMetrics:
             registry=registry,
         )
         self.leased = Counter("proxy_operator_leased_proxies_total", "Proxies handed out.", registry=registry)
+        self.releases = Counter(
+            "proxy_operator_lease_releases_total", "Leases ended early by their client.", registry=registry
+        )
+        self.renewals = Counter("proxy_operator_lease_renewals_total", "Leases renewed.", registry=registry)
         self.lease_seconds = Histogram(
             "proxy_operator_lease_duration_seconds",
             "Time to answer a lease request (waiting included).",

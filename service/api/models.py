@@ -35,7 +35,7 @@ class _Out(BaseModel):
 
 
 class LeaseBody(_In):
-    count: int = Field(1, ge=1, le=1000, description="How many distinct proxies (at most; see docs).")
+    count: int = Field(1, ge=1, description="How many distinct proxies, at most (lowered to max_count).")
     pool: Name | None = Field(None, description="Only proxies of this pool.")
     provider: Name | None = Field(None, description="Only proxies of this provider instance.")
     protocol: Literal["http", "socks5"] | None = Field(None, description="Only proxies of this protocol.")
@@ -52,9 +52,17 @@ class LeaseBody(_In):
         None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$", description="Sticky session name."
     )
     strict: bool = Field(False, description="With a session: fail (409) instead of re-binding.")
-    ttl: float | None = Field(None, gt=0, le=86400, description="Lease lifetime in seconds.")
+    ttl: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Lease lifetime in seconds (lowered to lease_ttl_max_seconds).",
+    )
     wait: float = Field(
-        0, ge=0, le=30, description="Seconds to wait for a proxy instead of an immediate 503."
+        0,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds to wait for a proxy instead of an immediate 503 (lowered to max_wait_seconds).",
     )
 
     @field_validator("target")
@@ -86,12 +94,33 @@ class LeasedProxy(_Out):
     egress_ip: str | None
 
 
+LOWERED_HELP = "Request values above the server's limits, each with the value used instead (none: {})."
+
+
 class LeaseResponse(_Out):
     leases: list[LeasedProxy]
     target: str
     session: str | None = None
     rebound: bool = Field(False, description="True when the session's previous proxy was replaced.")
     previous_proxy: str | None = None
+    lowered: dict[str, int | float] = Field(default_factory=dict, description=LOWERED_HELP)
+
+
+class RenewBody(_In):
+    ttl: float | None = Field(
+        None,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds from now the lease ends (default lease_ttl_seconds, lowered to the maximum).",
+    )
+
+
+class RenewResponse(_Out):
+    lease_id: str
+    key: str
+    target: str
+    expires_at: datetime
+    lowered: dict[str, int | float] = Field(default_factory=dict, description=LOWERED_HELP)
 
 
 class ReportBody(_In):
@@ -125,7 +154,9 @@ class ReportResponse(_Out):
     target: str
     outcome: str
     penalised_until: datetime | None = None
-    strikes: int | None = None
+    strikes: int | None = Field(
+        None, description="Bans in a row for this proxy and target, this one included: 1 for the first."
+    )
 
 
 class HealthOut(_Out):
@@ -141,7 +172,7 @@ class HealthOut(_Out):
 class PenaltyOut(_Out):
     target: str
     until: datetime
-    strikes: int
+    strikes: int = Field(description="Bans in a row for this target since the last good report (1, 2, ...).")
 
 
 class ProxyOut(_Out):
@@ -181,3 +212,18 @@ class Status(_Out):
 class Echo(_Out):
     ip: str = Field(description="The address this request came from (through a proxy: its egress IP).")
     port: int | None
+
+
+class Limits(_Out):
+    max_count: int = Field(description="Most proxies one lease request gets; a larger count is lowered.")
+    lease_ttl_seconds: float = Field(description="A lease's lifetime when the request gives no ttl.")
+    lease_ttl_max_seconds: float = Field(description="Longest lease (and renewal); a larger ttl is lowered.")
+    max_wait_seconds: float = Field(description="Longest wait of a lease request; a larger wait is lowered.")
+    cooldown_seconds: float = Field(description="No same proxy for the same client and target before this.")
+    session_idle_seconds: float = Field(description="A sticky session unused this long is forgotten.")
+
+
+class Whoami(_Out):
+    name: str = Field(description="The client name: cooldowns, sessions and leases are kept per name.")
+    scopes: list[str] = Field(description="What the token allows: lease, report, admin.")
+    limits: Limits = Field(description="The limits this server applies to lease requests.")

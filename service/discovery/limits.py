@@ -6,6 +6,7 @@ later rule that shortens leases (draining a proxy or a replica) has to change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from service.settings import DiscoverySettings
@@ -35,5 +36,9 @@ def grant(*, count: int, ttl: float | None, wait: float, settings: DiscoverySett
         "wait": min(wait, settings.max_wait_seconds),
     }
     asked = {"count": count, "ttl": ttl, "wait": wait}
-    lowered = {name: used[name] for name, value in asked.items() if value is not None and value > used[name]}
-    return Granted(count=int(used["count"]), ttl=used["ttl"], wait=used["wait"], lowered=lowered)
+    return Granted(count=int(used["count"]), ttl=used["ttl"], wait=used["wait"], lowered=lowered(asked, used))
+
+
+def lowered(asked: Mapping[str, float | None], used: Mapping[str, float]) -> dict[str, float]:
+    """The asked values that the limits lowered, each with the value used instead."""
+    return {name: used[name] for name, value in asked.items() if value is not None and value > used[name]}

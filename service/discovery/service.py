@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from service.discovery.backoff import FullJitter
 from service.discovery.candidates import Candidates
 from service.discovery.errors import LeaseNotFound, NoProxyAvailable, ProxyNotFound, SessionLost
+from service.discovery.limits import lease_ttl
 from service.discovery.store import AcquireRequest, LeaseRecord, Penalty, Store
 from service.discovery.waiter import Waiter
 from service.inventory import Inventory
@@ -143,7 +144,7 @@ class DiscoveryService:
             target=query.target,
             candidates=pool,
             count=1 if query.session else query.count,
-            ttl=query.ttl or self.settings.lease_ttl_seconds,
+            ttl=lease_ttl(query.ttl, settings=self.settings),
             cooldown=self.settings.cooldown_seconds,
             lease_ids=[self._new_id() for _ in range(query.count)],
             ignore_cooldown=sticky,
@@ -174,6 +175,23 @@ class DiscoveryService:
             raise LeaseNotFound(f"lease {lease_id!r} already ended (expired or released)")
         self._waiter.notify()
         return released
+
+    async def renew(self, *, client: str, lease_id: str, ttl: float | None) -> LeaseRecord:
+        """Extend (or shorten) an active lease of `client` to end `ttl` from now, within the limits."""
+        lease = await self.store.get_lease(lease_id, now=self._clock())
+        if lease is None or lease.client != client:
+            raise LeaseNotFound(f"no lease {lease_id!r} for client {client!r}")
+        renewed = await self.store.renew(
+            lease_id,
+            now=self._clock(),
+            ttl=lease_ttl(ttl, settings=self.settings),
+            cooldown=self.settings.cooldown_seconds,
+        )
+        if renewed is None:
+            raise LeaseNotFound(f"lease {lease_id!r} already ended (expired or released): lease again")
+        if renewed.expires_at < lease.expires_at:  # shortened: its hold may end sooner
+            self._waiter.notify()
+        return renewed
 
     async def report(
         self, *, client: str, outcome: str, target: str | None, lease_id: str | None, proxy: str | None

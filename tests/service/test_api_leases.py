@@ -2,11 +2,32 @@
 
 from __future__ import annotations
 
+import random
 import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
+from typing import Any
 
-from service.inventory import Health, HealthState
-from tests.service.conftest import ApiFactory, FakeClock, auth, healthy_inventory
+import pytest
+from prometheus_client import CollectorRegistry
+
+from service.api import create_app
+from service.auth import TokenAuthenticator
+from service.discovery.service import DiscoveryService
+from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Store
+from service.inventory import Health, HealthState, Inventory
+from service.settings import DiscoverySettings
+from tests.service.conftest import (
+    Api,
+    ApiFactory,
+    FakeClock,
+    StoreFactory,
+    UvicornThread,
+    auth,
+    healthy_inventory,
+)
 
 LEASE = "/v1/leases"
 
@@ -116,20 +137,77 @@ def test_a_ban_for_one_target_leaves_the_proxy_usable_for_others(start_api: ApiF
         assert keys(lease(client, target="shop.example")) == ["default/a"]
 
 
-def test_ban_penalty_grows_with_full_jitter(start_api: ApiFactory) -> None:
-    clock = FakeClock()
-    api = start_api(
-        inventory=healthy_inventory(["a"]), clock=clock, penalty_base_seconds=300, penalty_cap_seconds=1000
+class ScriptedRandom(random.Random):
+    """The discovery's random source, answering `random()` with the draws a test chose, in order."""
+
+    def __init__(self, draws: list[float]) -> None:
+        super().__init__(0)
+        self.draws = list(draws)
+
+    def random(self) -> float:
+        return self.draws.pop(0)
+
+
+@pytest.fixture
+def serve_with_rng(tokens_file: Path, store_factory: StoreFactory) -> Iterator[Callable[..., Api]]:
+    """Like `start_api`, with the random source injected: `serve_with_rng(rng, inventory=..., **settings)`."""
+    running: list[UvicornThread] = []
+
+    def start(rng: random.Random, *, inventory: Inventory, **settings: Any) -> Api:
+        clock, store, registry = FakeClock(), store_factory(), CollectorRegistry()
+        discovery = DiscoveryService(
+            inventory=inventory, store=store, settings=DiscoverySettings(**settings), clock=clock, rng=rng
+        )
+        app = create_app(
+            inventory=inventory,
+            discovery=discovery,
+            authenticator=TokenAuthenticator(path=tokens_file),
+            registry=registry,
+            lifespan=_closing(store),
+        )
+        running.append(UvicornThread(app).start())
+        return Api(running[-1], inventory, discovery, clock, registry)
+
+    yield start
+    for server in running:
+        server.stop()
+
+
+def _closing(store: Store) -> Any:
+    @asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        yield
+        await store.close()
+
+    return lifespan
+
+
+def test_ban_penalty_is_exactly_full_jitter_and_its_bound_grows(serve_with_rng: Callable[..., Api]) -> None:
+    """penalisedUntil = now + draw * min(cap, base * 2**(strikes - 1)), strikes 1, 2, 3, ...; ok resets."""
+    rng = ScriptedRandom([0.5, 0.25, 0.9, 0.999, 0.4])
+    api = serve_with_rng(
+        rng,
+        inventory=healthy_inventory(["a"]),
+        penalty_base_seconds=300,
+        penalty_cap_seconds=1000,
     )
+    clock = api.clock
     ban = {"proxy": "default/a", "target": "shop.example", "outcome": "banned"}
-    ceilings = [300, 600, 1000, 1000]
+    expected = [(1, 0.5 * 300), (2, 0.25 * 600), (3, 0.9 * 1000), (4, 0.999 * 1000)]
     with api.client() as client:
-        for strikes, ceiling in enumerate(ceilings, start=1):
+        for strikes, delay in expected:
             body = client.post("/v1/reports", json=ban, headers=auth("reporter")).json()
             assert body["strikes"] == strikes
             until = datetime.fromisoformat(body["penalisedUntil"]).timestamp()
-            assert clock.now <= until <= clock.now + ceiling
+            assert until == pytest.approx(clock.now + delay, abs=1e-3), (strikes, until - clock.now)
             clock.advance(2000)  # let it expire so the next ban stands on its own
+        ok = {"proxy": "default/a", "target": "shop.example", "outcome": "ok"}
+        assert client.post("/v1/reports", json=ok, headers=auth("reporter")).status_code == 200
+        body = client.post("/v1/reports", json=ban, headers=auth("reporter")).json()
+    assert body["strikes"] == 1  # the good report reset the count, and the bound with it
+    until = datetime.fromisoformat(body["penalisedUntil"]).timestamp()
+    assert until == pytest.approx(clock.now + 0.4 * 300, abs=1e-3)
+    assert rng.draws == []  # one draw per ban, none elsewhere
 
 
 def test_error_reports_count_towards_health(start_api: ApiFactory) -> None:
@@ -184,22 +262,58 @@ def test_sticky_session_keeps_its_proxy_and_rebinds_when_it_goes(start_api: ApiF
         assert fresh["rebound"] is False
 
 
-def test_wait_is_woken_by_a_release(start_api: ApiFactory) -> None:
-    api = start_api(inventory=healthy_inventory(["a"]), cooldown_seconds=0, lease_ttl_seconds=300)
+class RecordingStore:
+    """A real store that records, in order, what each acquire decided and each release (instrumentation)."""
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.events: list[str] = []
+        self.refused = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
+        acquired = await self.inner.acquire(request, now=now)
+        self.events.append("granted" if acquired.leases else "refused")
+        if not acquired.leases:
+            self.refused.set()
+        return acquired
+
+    async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
+        released = await self.inner.release(lease_id, now=now, cooldown=cooldown)
+        self.events.append("released")
+        return released
+
+
+def test_wait_is_woken_by_a_release(
+    start_api: ApiFactory, store_factory: StoreFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No periodic re-check may rescue a waiter that the release failed to wake: it would sleep out its wait.
+    monkeypatch.setattr("service.discovery.service.POLL_SECONDS", 60.0)
+    store = RecordingStore(store_factory())
+    api = start_api(
+        inventory=healthy_inventory(["a"]), store=store, cooldown_seconds=0, lease_ttl_seconds=300
+    )
+    result = {}
     with api.client() as client:
         lease_id = lease(client, target="t.example").json()["leases"][0]["leaseId"]
-        result = {}
 
         def waiting() -> None:
             with api.client() as other:
                 result["response"] = lease(other, target="t.example", wait=20)
 
-        thread = threading.Thread(target=waiting)
+        thread = threading.Thread(target=waiting, name="waiter")
         thread.start()
-        thread.join(timeout=0.3)  # still waiting: the only proxy is held
-        assert thread.is_alive()
+        # The waiter's attempt was refused (the only proxy is held), so it waits; it read the wake-up
+        # generation before that attempt, so the release below cannot slip in unnoticed.
+        assert store.refused.wait(timeout=10), "the waiting lease never tried"
         assert client.delete(f"{LEASE}/{lease_id}", headers=auth("crawler-a")).status_code == 204
-        thread.join(timeout=15)
+        thread.join(timeout=10)  # far below the 20 s wait and the 60 s re-check
+        woke = not thread.is_alive()
+        thread.join()
+    assert woke, "the waiter did not wake on the release"
+    assert store.events == ["granted", "refused", "released", "granted"]
     assert result["response"].status_code == 200
     assert keys(result["response"]) == ["default/a"]
 
@@ -237,24 +351,32 @@ def test_filters_select_by_pool_provider_and_labels(start_api: ApiFactory) -> No
         assert lease(client, provider="gcp-eu", target="3.example").status_code == 503
 
 
-def test_limits_are_clamped_not_refused(start_api: ApiFactory) -> None:
-    api = start_api(inventory=healthy_inventory(["a", "b", "c"]), max_count=2, lease_ttl_max_seconds=100)
+def test_limits_are_lowered_not_refused_and_the_answer_says_so(start_api: ApiFactory) -> None:
+    api = start_api(
+        inventory=healthy_inventory(["a", "b", "c"]),
+        max_count=2,
+        lease_ttl_max_seconds=100,
+        max_wait_seconds=5,
+    )
     with api.client() as client:
-        body = lease(client, count=3, ttl=500).json()
+        body = lease(client, count=3000, ttl=99999, wait=1e9).json()
+        within = lease(client, target="other.example", count=1, ttl=50, wait=1).json()
     assert len(body["leases"]) == 2
     expires = datetime.fromisoformat(body["leases"][0]["expiresAt"]).timestamp()
     assert expires == api.clock.now + 100
+    assert body["lowered"] == {"count": 2, "ttl": 100, "wait": 5}
+    assert within["lowered"] == {}
 
 
 def test_lease_validation_errors_name_the_field(start_api: ApiFactory) -> None:
     api = start_api(inventory=healthy_inventory(["a"]))
     cases = [
         ({"target": "https://example.com/x"}, "body.target"),
-        ({"count": 1001}, "body.count"),
         ({"count": 0}, "body.count"),
-        ({"ttl": 99999}, "body.ttl"),
+        ({"count": 1.5}, "body.count"),
         ({"ttl": 0}, "body.ttl"),
-        ({"wait": 31}, "body.wait"),
+        ({"ttl": -1}, "body.ttl"),
+        ({"wait": -1}, "body.wait"),
         ({"colour": "red"}, "body.colour"),
         ({"session": "s", "count": 2}, "body"),
         ({"strict": True}, "body"),

@@ -95,6 +95,39 @@ def test_penalty_is_full_jitter_per_target_and_forgiven(store_factory: StoreFact
     run(store_factory, scenario)
 
 
+def test_renew_moves_the_end_and_the_hold_of_an_active_lease_only(store_factory: StoreFactory) -> None:
+    async def scenario(store: Store) -> None:
+        lease = (await store.acquire(request("a", ttl=100, cooldown=10, tag="1"), now=NOW)).leases[0]
+        renewed = await store.renew(lease.lease_id, now=NOW + 50, ttl=300, cooldown=10)
+        assert renewed is not None
+        assert renewed.expires_at == pytest.approx(NOW + 350)
+        kept = await store.get_lease(lease.lease_id, now=NOW + 51)
+        assert kept is not None
+        assert kept.expires_at == pytest.approx(NOW + 350)
+        held = await store.acquire(request("a", tag="2"), now=NOW + 200)  # past the first end: still held
+        assert (held.leases, held.earliest) == ([], pytest.approx(NOW + 350))
+        shorter = await store.renew(lease.lease_id, now=NOW + 201, ttl=1, cooldown=10)
+        assert shorter is not None
+        assert (await store.acquire(request("a", tag="3"), now=NOW + 202)).earliest is None  # hold followed
+        released = await store.release(lease.lease_id, now=NOW + 202, cooldown=10)
+        assert released is None  # it ended at NOW + 202: nothing to release
+        assert await store.renew(lease.lease_id, now=NOW + 203, ttl=100, cooldown=10) is None  # ended
+        assert await store.renew("nope", now=NOW, ttl=100, cooldown=10) is None
+
+    run(store_factory, scenario)
+
+
+def test_a_renewed_lease_released_ends_its_hold(store_factory: StoreFactory) -> None:
+    async def scenario(store: Store) -> None:
+        lease = (await store.acquire(request("a", ttl=100, cooldown=10, tag="1"), now=NOW)).leases[0]
+        assert await store.renew(lease.lease_id, now=NOW + 50, ttl=300, cooldown=10) is not None
+        assert await store.release(lease.lease_id, now=NOW + 60, cooldown=10) is not None
+        again = await store.acquire(request("a", tag="2"), now=NOW + 61)
+        assert [granted.proxy for granted in again.leases] == ["a"]
+
+    run(store_factory, scenario)
+
+
 def test_a_new_ban_never_shortens_a_running_penalty(store_factory: StoreFactory) -> None:
     async def scenario(store: Store) -> None:
         long = await store.penalise(proxy="a", target="t", now=NOW, base=300, cap=3600, fraction=0.99)

@@ -1,30 +1,34 @@
-"""`/v1/leases`: hand out proxies (LRU among eligible, sticky sessions, bounded wait) and release them."""
+"""`/v1/leases`: hand out proxies (LRU among eligible, sticky sessions, bounded wait), renew, release."""
 
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Body, Response
 
-from service.api.convert import leased
+from service.api.convert import leased, timestamp
 from service.api.deps import Context, LeaseClient
 from service.api.errors import ApiError, responses
-from service.api.models import LeaseBody, LeaseResponse
+from service.api.models import LeaseBody, LeaseResponse, RenewBody, RenewResponse
 from service.discovery.errors import DiscoveryError
+from service.discovery.limits import Granted, grant, lease_ttl, lowered
 from service.discovery.service import ANY_TARGET, LeaseGrant, LeaseQuery
 
 router = APIRouter(tags=["leases"])
 RETRY_AFTER_HEADER = {
     "Retry-After": {"description": "Whole seconds until a proxy is eligible", "schema": {"type": "string"}}
 }
+MAX_LEASE_ID = 128
 
 
-def _query(body: LeaseBody, *, client: str, ctx: Context) -> LeaseQuery:
-    """The request within this server's limits: count, ttl and wait are clamped, not refused (see docs)."""
-    limits = ctx.discovery.settings
-    return LeaseQuery(
+def _query(body: LeaseBody, *, client: str, ctx: Context) -> tuple[LeaseQuery, Granted]:
+    """The request within this server's limits: count, ttl and wait are lowered, not refused (docs/api.md
+    "Leases"); the answer's `lowered` names what was."""
+    granted = grant(count=body.count, ttl=body.ttl, wait=body.wait, settings=ctx.discovery.settings)
+    query = LeaseQuery(
         client=client,
-        count=min(body.count, limits.max_count),
+        count=granted.count,
         pool=body.pool,
         provider=body.provider,
         labels=body.labels,
@@ -32,9 +36,10 @@ def _query(body: LeaseBody, *, client: str, ctx: Context) -> LeaseQuery:
         target=body.target or ANY_TARGET,
         session=body.session,
         strict=body.strict,
-        ttl=min(body.ttl, limits.lease_ttl_max_seconds) if body.ttl is not None else None,
-        wait=min(body.wait, limits.max_wait_seconds),
+        ttl=granted.ttl,
+        wait=granted.wait,
     )
+    return query, granted
 
 
 @router.post(
@@ -46,22 +51,24 @@ def _query(body: LeaseBody, *, client: str, ctx: Context) -> LeaseQuery:
     },
     summary="Lease proxies",
 )
-async def create_lease(body: LeaseBody, client: LeaseClient, ctx: Context) -> LeaseResponse:
-    query = _query(body, client=client.name, ctx=ctx)
+async def create_lease(
+    client: LeaseClient, ctx: Context, body: Annotated[LeaseBody | None, Body()] = None
+) -> LeaseResponse:
+    query, granted = _query(body or LeaseBody(), client=client.name, ctx=ctx)
     started = time.perf_counter()
     try:
-        grant = await ctx.discovery.lease(query)
+        lease_grant = await ctx.discovery.lease(query)
     except DiscoveryError as exc:
         ctx.metrics.leases.labels(exc.reason).inc()
         raise
     finally:
         ctx.metrics.lease_seconds.observe(time.perf_counter() - started)
-    ctx.metrics.leases.labels("rebound" if grant.rebound else "ok").inc()
-    ctx.metrics.leased.inc(len(grant.leases))
-    return _response(grant, query=query, ctx=ctx)
+    ctx.metrics.leases.labels("rebound" if lease_grant.rebound else "ok").inc()
+    ctx.metrics.leased.inc(len(lease_grant.leases))
+    return _response(lease_grant, query=query, granted=granted, ctx=ctx)
 
 
-def _response(grant: LeaseGrant, *, query: LeaseQuery, ctx: Context) -> LeaseResponse:
+def _response(grant: LeaseGrant, *, query: LeaseQuery, granted: Granted, ctx: Context) -> LeaseResponse:
     items = []
     for lease in grant.leases:
         endpoint = ctx.inventory.get(lease.proxy)
@@ -73,6 +80,30 @@ def _response(grant: LeaseGrant, *, query: LeaseQuery, ctx: Context) -> LeaseRes
         session=grant.session,
         rebound=grant.rebound,
         previous_proxy=grant.previous_proxy,
+        lowered=granted.lowered,
+    )
+
+
+@router.post(
+    "/v1/leases/{lease_id}/renew",
+    response_model=RenewResponse,
+    responses=responses(400, 401, 403, 404, 422),
+    summary="Extend a lease",
+)
+async def renew_lease(
+    lease_id: str, client: LeaseClient, ctx: Context, body: Annotated[RenewBody | None, Body()] = None
+) -> RenewResponse:
+    if len(lease_id) > MAX_LEASE_ID:
+        raise ApiError(404, "lease_not_found", "no such lease")
+    ttl = (body or RenewBody()).ttl
+    lease = await ctx.discovery.renew(client=client.name, lease_id=lease_id, ttl=ttl)
+    ctx.metrics.renewals.inc()
+    return RenewResponse(
+        lease_id=lease.lease_id,
+        key=lease.proxy,
+        target=lease.target,
+        expires_at=timestamp(lease.expires_at),
+        lowered=lowered({"ttl": ttl}, {"ttl": lease_ttl(ttl, settings=ctx.discovery.settings)}),
     )
 
 
@@ -84,7 +115,8 @@ def _response(grant: LeaseGrant, *, query: LeaseQuery, ctx: Context) -> LeaseRes
     summary="Release a lease early",
 )
 async def release_lease(lease_id: str, client: LeaseClient, ctx: Context) -> Response:
-    if len(lease_id) > 128:
+    if len(lease_id) > MAX_LEASE_ID:
         raise ApiError(404, "lease_not_found", "no such lease")
     await ctx.discovery.release(client=client.name, lease_id=lease_id)
+    ctx.metrics.releases.inc()
     return Response(status_code=204)
