@@ -12,20 +12,20 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from stacks.models.conditions import Reason
 
-class Reason:
-    """Machine-readable reasons: condition reasons and metric labels, so they never change spelling."""
-
-    ERROR = "Error"
-    INVALID_INPUT = "InvalidInput"
-    UNKNOWN_PROVIDER = "UnknownProvider"
-    CREDENTIALS_REJECTED = "CredentialsRejected"
-    MISSING_KVM_HOST = "MissingKvmHost"
-    TRANSIENT = "TransientError"
-    NETWORK = "NetworkError"
-    QUOTA = "QuotaExceeded"
-    STACK_LOCKED = "StackLocked"
-    UNEXPECTED = "UnexpectedError"
+__all__ = [
+    "CredentialsError",
+    "InvalidInputError",
+    "PermanentError",
+    "ProxyOperatorError",
+    "Reason",
+    "StackLockedError",
+    "StackNotOwnedError",
+    "TransientError",
+    "UnknownProviderError",
+    "classify",
+]
 
 
 class ProxyOperatorError(Exception):
@@ -91,3 +91,9 @@ def classify(exc: Exception) -> ProxyOperatorError:
     error = TransientError(f"{type(exc).__name__}: {exc}", reason=Reason.UNEXPECTED)
     error.__cause__ = exc
     return error
+
+
+class StackNotOwnedError(PermanentError):
+    """The stack belongs to another installation (or to none we may adopt): we never touch it."""
+
+    default_reason = Reason.STACK_NOT_OWNED

@@ -3,8 +3,10 @@
 The planner keeps every proxy's hash and the set of proxies per stack, so that a change to one proxy costs
 work proportional to its stack, not to the fleet: `upsert`/`remove` say which stacks got dirty and `plan`
 recomputes only the stack asked for. A proxy that fails validation is left out with its reason; if an
-earlier version of it was valid, that last good version stays in the stack (a typo must not delete a
-running proxy), and the rejection is still reported.
+earlier version of it was valid or applied, that last good version stays -- in the stack where it runs, even
+when the new version names another (unknown) provider -- and the rejection is still reported. Proxies are
+removed only through a deleting record (a declared deletion); `release` never drops a proxy that was
+declared again while its deletion ran.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ from dataclasses import dataclass, field
 
 from automation.errors import InvalidInputError, PermanentError, UnknownProviderError
 from stacks.models import ProviderCatalogue, ProviderEntry, Proxy
+from stacks.models.conditions import Reason
 from stacks.spec_hash import proxy_spec_hash, stack_spec_hash
-from stacks.validation import proxy_problems
+from stacks.validation import FieldProblem, proxy_problems
 
 SKIP_CLEANUP = "crawl.example.com/skip-cleanup"
 
@@ -58,10 +61,13 @@ class StackPlan:
 @dataclass
 class Planner:
     catalogue: ProviderCatalogue = field(default_factory=ProviderCatalogue)
-    _proxies: dict[str, Proxy] = field(default_factory=dict)
+    _proxies: dict[str, Proxy] = field(default_factory=dict)  # the declared (or deleting) version
     _hashes: dict[str, str] = field(default_factory=dict)
     _last_good: dict[str, PlannedProxy] = field(default_factory=dict)
+    _applied: set[str] = field(default_factory=set)  # keys some stack holds (outputs, or a planned up)
+    _home: dict[str, str] = field(default_factory=dict)  # key -> the stack it is placed in
     _by_stack: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    _by_flat_name: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     rejected: dict[str, PermanentError] = field(default_factory=dict)
 
     # --- changes ----------------------------------------------------------------------------------------
@@ -73,46 +79,79 @@ class Planner:
         self.catalogue = catalogue
         dirty = {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)}
         for key in [k for k, proxy in self._proxies.items() if proxy.spec.provider in dirty]:
-            self._validate(self._proxies[key])
+            dirty |= self._settle(key)
         return dirty
 
     def upsert(self, proxy: Proxy) -> set[str]:
-        """Add or change a proxy; returns the stacks to re-plan (old and new provider)."""
+        """Add or change a proxy (a deleting one too); returns the stacks to re-plan (old and new)."""
         key = proxy.key
         previous = self._proxies.get(key)
         self._proxies[key] = proxy
-        dirty = {proxy.spec.provider}
-        if previous is not None and previous.spec.provider != proxy.spec.provider:
-            self._by_stack[previous.spec.provider].discard(key)
-            dirty.add(previous.spec.provider)
-        self._by_stack[proxy.spec.provider].add(key)
         self._hashes[key] = proxy_spec_hash(proxy)
-        self._validate(proxy)
-        return dirty
+        dirty = self._settle(key)
+        if previous is not None and flat_name(previous) != flat_name(proxy):
+            dirty |= self._regroup(previous, key)
+        self._by_flat_name[flat_name(proxy)].add(key)
+        return dirty | self._revalidate_group(proxy)
+
+    def release(self, proxy: Proxy) -> set[str]:
+        """Forget a deleting proxy whose resources are gone. A proxy restored (declared again) meanwhile
+        stays: returns the stacks to re-plan, empty when nothing was released."""
+        current = self._proxies.get(proxy.key)
+        if current is not None and not is_deleting(current):
+            self._applied.discard(proxy.key)
+            return self._settle(proxy.key)  # it came back: its stack must create it again
+        return self.remove(proxy.key)
 
     def remove(self, key: str) -> set[str]:
-        """Forget a released proxy entirely."""
+        """Forget a proxy entirely."""
         proxy = self._proxies.pop(key, None)
         self._hashes.pop(key, None)
         self._last_good.pop(key, None)
+        self._applied.discard(key)
         self.rejected.pop(key, None)
+        stack = self._home.pop(key, None)
+        if stack is not None:
+            self._by_stack[stack].discard(key)
         if proxy is None:
             return set()
-        self._by_stack[proxy.spec.provider].discard(key)
-        return {proxy.spec.provider}
+        return ({stack} if stack else set()) | self._regroup(proxy, key)
 
-    def remember_applied(self, proxies: list[Proxy]) -> None:
-        """Seed last-good versions from what a stack last applied (read back after a restart)."""
+    def remember_applied(self, proxies: list[Proxy]) -> set[str]:
+        """What a stack last applied (read back at start): each becomes the proxy's last good version, and
+        a proxy the source has not declared (yet) is held at it. Returns the stacks to re-plan."""
+        dirty: set[str] = set()
         for proxy in proxies:
+            self._applied.add(proxy.key)
             if proxy.key not in self._last_good:
                 self._last_good[proxy.key] = PlannedProxy(proxy=proxy, spec_hash=proxy_spec_hash(proxy))
+            if proxy.key not in self._proxies:
+                dirty |= self.upsert(proxy)
+            else:
+                dirty |= self._settle(proxy.key)
+        return dirty
+
+    def mark_applied(self, plan: StackPlan) -> None:
+        """An `up` of this plan succeeded: its proxies are now applied."""
+        self._applied |= {planned.key for planned in plan.proxies}
 
     # --- queries ----------------------------------------------------------------------------------------
 
     def stacks(self) -> set[str]:
-        """Every stack that some proxy names or that the catalogue lists."""
+        """Every stack that some proxy is placed in or that the catalogue lists."""
         named = {name for name, keys in self._by_stack.items() if keys}
         return named | set(self.catalogue.names())
+
+    def is_applied(self, key: str) -> bool:
+        return key in self._applied
+
+    def applied_count(self) -> int:
+        """Proxies some stack holds and that are not leaving: the fleet a deletion is measured against."""
+        return sum(1 for key in self._applied if key in self._proxies and not is_deleting(self._proxies[key]))
+
+    def held_version(self, key: str) -> PlannedProxy | None:
+        """The last good version a rejected proxy runs at, None when it is not held."""
+        return self._last_good.get(key) if key in self.rejected and self._home.get(key) else None
 
     def plan(self, name: str) -> StackPlan:
         entry = self.catalogue.get(name)
@@ -147,10 +186,34 @@ class Planner:
     def _usable(self, proxy: Proxy) -> PlannedProxy | None:
         if proxy.key not in self.rejected:
             return PlannedProxy(proxy=proxy, spec_hash=self._hashes[proxy.key])
-        good = self._last_good.get(proxy.key)
-        if good is None or good.proxy.spec.provider != proxy.spec.provider:
-            return None
-        return good
+        return self._last_good.get(proxy.key)
+
+    def _settle(self, key: str) -> set[str]:
+        """Validate the proxy and place it in the stack its effective version belongs to."""
+        self._validate(self._proxies[key])
+        old = self._home.get(key)
+        new = self._placement(key)
+        if old == new:
+            return {new} if new else set()
+        if old is not None:
+            self._by_stack[old].discard(key)
+        if new is None:
+            self._home.pop(key, None)
+        else:
+            self._home[key] = new
+            self._by_stack[new].add(key)
+        return {name for name in (old, new) if name}
+
+    def _placement(self, key: str) -> str | None:
+        """Where a proxy's resources are or go: a leaving or held proxy stays where its last good version
+        is (an unknown provider holds it on its old stack); a valid one goes to its provider."""
+        proxy = self._proxies[key]
+        good = self._last_good.get(key)
+        if is_deleting(proxy) or key in self.rejected:
+            if good is not None:
+                return good.proxy.spec.provider
+            return proxy.spec.provider if is_deleting(proxy) else None
+        return proxy.spec.provider
 
     def _validate(self, proxy: Proxy) -> None:
         key = proxy.key
@@ -158,10 +221,56 @@ class Planner:
             self.rejected.pop(key, None)  # leaving: only the provider's existence matters (reconciler)
             return
         problems = proxy_problems(proxy, self.catalogue)
+        winner = self._flat_name_owner(proxy)
+        if winner is not None and winner != key:
+            problems.append(_collision(proxy, winner))
         if not problems:
             self.rejected.pop(key, None)
             self._last_good[key] = PlannedProxy(proxy=proxy, spec_hash=self._hashes[key])
             return
         message = "; ".join(f"{p.path}: {p.message}" for p in problems)
         unknown = self.catalogue.get(proxy.spec.provider) is None
-        self.rejected[key] = (UnknownProviderError if unknown else InvalidInputError)(message)
+        error = (UnknownProviderError if unknown else InvalidInputError)(message)
+        if winner is not None and winner != key:
+            error.reason = Reason.NAME_COLLISION
+        self.rejected[key] = error
+
+    def _flat_name_owner(self, proxy: Proxy) -> str | None:
+        """Of the live proxies sharing a flat physical name, the one that keeps it: an applied one first,
+        then the smallest key. None when the name is not shared."""
+        group = [
+            k
+            for k in self._by_flat_name.get(flat_name(proxy), set()) | {proxy.key}
+            if k in self._proxies and not is_deleting(self._proxies[k])
+        ]
+        if len(group) < 2:
+            return None
+        return min(group, key=lambda k: (k not in self._applied, k))
+
+    def _revalidate_group(self, proxy: Proxy) -> set[str]:
+        dirty: set[str] = set()
+        for other in sorted(self._by_flat_name.get(flat_name(proxy), set()) - {proxy.key}):
+            if other in self._proxies:
+                dirty |= self._settle(other)
+        return dirty
+
+    def _regroup(self, previous: Proxy, key: str) -> set[str]:
+        group = self._by_flat_name.get(flat_name(previous))
+        if group is None:
+            return set()
+        group.discard(key)
+        return self._revalidate_group(previous)
+
+
+def flat_name(proxy: Proxy) -> str:
+    """The `<namespace>-<name>` that providers with flat names (VMs, processes, Deployments in one
+    namespace) derive physical names from: `a-b/c` and `a/b-c` share it."""
+    return f"{proxy.metadata.namespace}-{proxy.metadata.name}"
+
+
+def _collision(proxy: Proxy, winner: str) -> FieldProblem:
+    return FieldProblem(
+        "metadata.name",
+        f"{proxy.key} and {winner} would get the same physical names ({flat_name(proxy)}) from providers "
+        f"that name resources <namespace>-<name>: {winner} keeps it; rename this Proxy or its namespace",
+    )

@@ -1,10 +1,12 @@
 """The reconciler: the work queue's handler, one stack at a time.
 
-A run reads the latest plan of its stack and takes the steps in order: forget what leaves with skip-cleanup,
-destroy a stack nobody names any more, run `up` when the stack's hash differs from the applied one (also
-after a restart: the applied hash is an output of the stack), release the proxies whose removal that `up`
-completed, and run a due drift check. Each step is a short function; errors propagate to the queue, which
-retries transient ones and parks permanent ones until the input changes.
+A run first makes sure the stack is ours (see `automation.ownership`) and that what it last applied is known
+(its outputs: the applied hash, the applied proxies and their credentials, read once and fed to the planner
+before anything is planned, so a restart never plans without them). Then it reads the latest plan of its
+stack and takes the steps in order: forget what leaves with skip-cleanup, destroy a stack nobody names any
+more, run `up` when the stack's hash differs from the applied one, release the proxies whose removal that
+`up` completed, and run a due drift check. Each step is a short function; errors propagate to the queue,
+which retries transient ones and parks permanent ones until the input changes.
 """
 
 from __future__ import annotations
@@ -14,11 +16,26 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from automation.engine import APPLIED_PROXIES_OUTPUT, HASH_OUTPUT, Engine, OperationResult, PreviewStep
-from automation.errors import UnknownProviderError
+from automation.engine import (
+    APPLIED_PROXIES_OUTPUT,
+    CREDENTIALS_OUTPUT,
+    HASH_OUTPUT,
+    Engine,
+    OperationResult,
+    PreviewStep,
+)
+from automation.errors import InvalidInputError, StackNotOwnedError, UnknownProviderError
+from automation.ownership import Ownership, not_owned_message, ownership
 from automation.planner import Planner, StackPlan
-from automation.stack_input import CredentialSource, ResolvedStack, applied_proxies, resolve_stack
+from automation.stack_input import (
+    CredentialSource,
+    ResolvedStack,
+    applied_proxies,
+    resolve_stack,
+    unreadable_applied,
+)
 from stacks.models import Proxy
+from stacks.models.conditions import Reason
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +44,13 @@ class Reporter(Protocol):
     """Where the reconciler tells what happened: status, events, the inventory, the source."""
 
     def stack_applied(
-        self, plan: StackPlan, *, outputs: dict[str, Any], result: OperationResult | None
+        self,
+        plan: StackPlan,
+        *,
+        outputs: dict[str, Any],
+        result: OperationResult | None,
+        missing: set[str] | None = None,
+        held: set[str] | None = None,
     ) -> None: ...
 
     def stack_removed(self, name: str) -> None: ...
@@ -38,6 +61,8 @@ class Reporter(Protocol):
 
     def drift(self, name: str, steps: list[PreviewStep]) -> None: ...
 
+    def proxy_held(self, key: str, *, reason: str, message: str) -> None: ...
+
 
 @dataclass
 class Reconciler:
@@ -45,11 +70,14 @@ class Reconciler:
     engine: Engine
     reporter: Reporter
     credentials: CredentialSource
+    installation: str = "default"
     _applied: dict[str, str] = field(default_factory=dict)
     _outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _owned: dict[str, Ownership] = field(default_factory=dict)
     _drift_due: set[str] = field(default_factory=set)
 
     async def __call__(self, name: str) -> None:
+        await self.load_stack(name)
         plan = self.planner.plan(name)
         if plan.forget:
             await self._forget(plan)
@@ -59,28 +87,106 @@ class Reconciler:
             return
         if plan.entry is None:
             raise self._provider_missing(plan)
-        resolved = resolve_stack(plan, self.credentials)
-        for key, message in resolved.skipped.items():
-            self.reporter.proxy_event(key, reason="CredentialsMissing", message=message, warning=True)
+        resolved = self._resolve(plan)
         drift_correct = name in self._drift_due and plan.entry.drift_policy == "correct"
-        if drift_correct or resolved.input.spec_hash != await self._applied_hash(name):
+        missing = await self._detect_drift(name) if name in self._drift_due and not drift_correct else set()
+        if drift_correct or resolved.input.spec_hash != self._applied.get(name):
             await self._up(plan, resolved, refresh=drift_correct)
         else:
-            self.reporter.stack_applied(plan, outputs=self._outputs.get(name, {}), result=None)
-        self._release(plan.deleting)
-        if plan.deleting and not self.planner.plan(name).referenced:
+            self.reporter.stack_applied(
+                plan,
+                outputs=self._outputs.get(name, {}),
+                result=None,
+                missing=missing,
+                held=set(resolved.held),
+            )
+        if self._release(plan.deleting) and not self.planner.plan(name).referenced:
             await self._destroy(name)  # the last proxies just left: nothing may stay behind
-            return
-        if name in self._drift_due:
-            self._drift_due.discard(name)
-            if plan.entry.drift_policy == "detect":
-                self.reporter.drift(name, await asyncio.to_thread(self.engine.detect_drift, name))
+
+    async def load_stack(self, name: str) -> list[Proxy]:
+        """Check the stack is ours and read what it last applied into the planner (once per stack).
+        Returns the applied proxies. Raises StackNotOwnedError for a stack we must not touch."""
+        if name not in self._owned:
+            self._owned[name] = await self._claim(name)
+        if self._owned[name] in (Ownership.FOREIGN, Ownership.UNCLAIMED):
+            tags = await asyncio.to_thread(self.engine.stack_tags, name)
+            raise StackNotOwnedError(not_owned_message(name, tags, installation=self.installation))
+        if name in self._applied:
+            return []
+        outputs = await asyncio.to_thread(self.engine.plain_outputs, name) if self._exists(name) else {}
+        unreadable = unreadable_applied(outputs.get(APPLIED_PROXIES_OUTPUT))
+        if unreadable:
+            # Planning without them would delete them: hold the whole stack until they read again.
+            raise InvalidInputError(
+                f"stack {name} runs proxies that the current rules cannot read ({'; '.join(unreadable)}): "
+                "nothing in this stack is changed until their manifests are fixed",
+                reason=Reason.INVALID_SPEC,
+            )
+        applied = applied_proxies(outputs.get(APPLIED_PROXIES_OUTPUT))
+        self._outputs[name] = outputs
+        self._applied[name] = str(outputs.get(HASH_OUTPUT) or "")
+        self.planner.remember_applied(applied)
+        if applied and self._is_local(name):
+            # A local proxy is a process on this machine: after a restart of the machine it is gone
+            # although the state says it runs. Check before claiming anything serves.
+            self._drift_due.add(name)
+        return applied
+
+    def owns(self, name: str) -> bool | None:
+        """Whether the stack was found ours (None: not checked yet)."""
+        verdict = self._owned.get(name)
+        return None if verdict is None else verdict not in (Ownership.FOREIGN, Ownership.UNCLAIMED)
 
     def request_drift_check(self, name: str) -> None:
         """Mark a stack for a drift check on its next run (the resync timer submits it to the queue)."""
         self._drift_due.add(name)
 
     # --- steps ------------------------------------------------------------------------------------------
+
+    async def _claim(self, name: str) -> Ownership:
+        tags = await asyncio.to_thread(self.engine.stack_tags, name)
+        verdict = ownership(
+            tags, installation=self.installation, in_catalogue=self.planner.catalogue.get(name) is not None
+        )
+        if verdict is Ownership.ADOPT:
+            await asyncio.to_thread(self.engine.set_owner, name, self.installation)
+            log.warning(
+                "adopted stack %s: it had no owner tag and this installation's catalogue names it; it is now "
+                "tagged as owned by installation '%s'",
+                name,
+                self.installation,
+                extra={"fields": {"stack": name}},
+            )
+        elif verdict in (Ownership.FOREIGN, Ownership.UNCLAIMED):
+            log.warning(
+                "%s",
+                not_owned_message(name, tags, installation=self.installation),
+                extra={"fields": {"stack": name}},
+            )
+        return verdict
+
+    def _exists(self, name: str) -> bool:
+        return self._owned.get(name) is not Ownership.NEW
+
+    def _is_local(self, name: str) -> bool:
+        entry = self.planner.catalogue.get(name)
+        return entry is not None and entry.type == "local"
+
+    def _resolve(self, plan: StackPlan) -> ResolvedStack:
+        applied_credentials = self._outputs.get(plan.name, {}).get(CREDENTIALS_OUTPUT) or {}
+        resolved = resolve_stack(plan, self.credentials, applied_credentials=applied_credentials)
+        for key, message in resolved.skipped.items():
+            self.reporter.proxy_event(key, reason=Reason.CREDENTIALS_MISSING, message=message, warning=True)
+        for key, message in resolved.held.items():
+            self.reporter.proxy_held(key, reason=Reason.CREDENTIALS_MISSING, message=message)
+        return resolved
+
+    async def _detect_drift(self, name: str) -> set[str]:
+        """Report drift (detect policy); returns the proxies with resources that differ or are gone."""
+        self._drift_due.discard(name)
+        steps = await asyncio.to_thread(self.engine.detect_drift, name)
+        self.reporter.drift(name, steps)
+        return {step.proxy for step in steps if step.proxy}
 
     async def _forget(self, plan: StackPlan) -> None:
         """Skip-cleanup: drop the proxies' components from state, keep the real resources, release them."""
@@ -91,16 +197,17 @@ class Reconciler:
             what = ", ".join(mine) if mine else "nothing (it was not in the stack's state)"
             self.reporter.proxy_event(
                 proxy.key,
-                reason="Forgotten",
+                reason=Reason.FORGOTTEN,
                 message=f"skip-cleanup: forgot from stack {plan.name} without deleting: {what}",
             )
-        self._applied.pop(plan.name, None)  # the state changed under the applied hash
+        self._applied[plan.name] = ""  # the state changed under the applied hash: the next `up` runs
         self._release(plan.forget, forgotten=True)
 
     async def _destroy(self, name: str) -> None:
         result = await asyncio.to_thread(self.engine.destroy, name)
         self._applied.pop(name, None)
         self._outputs.pop(name, None)
+        self._owned.pop(name, None)
         if result is not None:
             log.info(
                 "destroyed and removed stack %s: %s", name, result.changes, extra={"fields": {"stack": name}}
@@ -109,23 +216,22 @@ class Reconciler:
 
     async def _up(self, plan: StackPlan, resolved: ResolvedStack, *, refresh: bool) -> None:
         result = await asyncio.to_thread(self.engine.up, resolved.input, refresh=refresh)
+        self._owned[plan.name] = Ownership.OURS  # created (and tagged) by this up if it was new
         self._applied[plan.name] = resolved.input.spec_hash
         self._outputs[plan.name] = result.outputs
         self._drift_due.discard(plan.name)
-        self.reporter.stack_applied(plan, outputs=result.outputs, result=result)
+        self.planner.mark_applied(plan)
+        self.reporter.stack_applied(plan, outputs=result.outputs, result=result, held=set(resolved.held))
 
-    async def _applied_hash(self, name: str) -> str | None:
-        if name not in self._applied:
-            outputs = await asyncio.to_thread(self.engine.plain_outputs, name)
-            self._outputs[name] = outputs
-            self._applied[name] = str(outputs.get(HASH_OUTPUT) or "")
-            self.planner.remember_applied(applied_proxies(outputs.get(APPLIED_PROXIES_OUTPUT)))
-        return self._applied[name] or None
-
-    def _release(self, proxies: tuple[Proxy, ...], *, forgotten: bool = False) -> None:
+    def _release(self, proxies: tuple[Proxy, ...], *, forgotten: bool = False) -> bool:
+        """Release leaving proxies; one declared again meanwhile stays (its stack runs again). True when
+        any was released."""
+        released = False
         for proxy in proxies:
-            self.planner.remove(proxy.key)
-            self.reporter.released(proxy, forgotten=forgotten)
+            if self.planner.release(proxy):
+                released = True
+                self.reporter.released(proxy, forgotten=forgotten)
+        return released
 
     def _provider_missing(self, plan: StackPlan) -> UnknownProviderError:
         message = (
@@ -134,5 +240,9 @@ class Reconciler:
             f'"true" to forget its resources'
         )
         for proxy in plan.deleting:
-            self.reporter.proxy_event(proxy.key, reason="ProviderMissing", message=message, warning=True)
+            self.reporter.proxy_event(
+                proxy.key, reason=Reason.PROVIDER_MISSING, message=message, warning=True
+            )
+        for planned in plan.proxies:
+            self.reporter.proxy_held(planned.key, reason=Reason.PROVIDER_MISSING, message=message)
         return UnknownProviderError(message)

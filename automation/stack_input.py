@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,7 +45,8 @@ def provider_credentials(entry: ProviderEntry, credentials: CredentialSource) ->
 @dataclass(frozen=True)
 class ResolvedStack:
     input: StackInput
-    skipped: dict[str, str] = field(default_factory=dict)  # key -> why it was left out
+    skipped: dict[str, str] = field(default_factory=dict)  # key -> why it was left out (never applied)
+    held: dict[str, str] = field(default_factory=dict)  # key -> why it keeps its applied credentials
 
 
 def program_proxy(proxy: Proxy) -> dict[str, object]:
@@ -59,7 +61,16 @@ def program_proxy(proxy: Proxy) -> dict[str, object]:
 
 def applied_proxies(applied: object) -> list[Proxy]:
     """The inverse of `program_proxy`, for the `appliedProxies` output read back after a restart."""
-    proxies = []
+    return [proxy for proxy, _error in _read_applied(applied) if proxy is not None]
+
+
+def unreadable_applied(applied: object) -> list[str]:
+    """`ns/name: why` for applied entries the current model refuses (a rule got stricter since)."""
+    return [error for proxy, error in _read_applied(applied) if proxy is None and error]
+
+
+def _read_applied(applied: object) -> list[tuple[Proxy | None, str]]:
+    read: list[tuple[Proxy | None, str]] = []
     for item in applied if isinstance(applied, list) else []:
         try:
             metadata = {
@@ -67,33 +78,47 @@ def applied_proxies(applied: object) -> list[Proxy]:
                 "namespace": item["namespace"],
                 "labels": item.get("labels") or {},
             }
-            proxies.append(Proxy.model_validate({"metadata": metadata, "spec": item["spec"]}))
-        except (KeyError, TypeError, ValueError):
-            continue  # an older or foreign output: no last-good version, nothing lost
-    return proxies
+        except (KeyError, TypeError, AttributeError):
+            read.append((None, ""))  # not ours: nothing to hold, nothing to lose
+            continue
+        try:
+            read.append((Proxy.model_validate({"metadata": metadata, "spec": item["spec"]}), ""))
+        except (KeyError, TypeError, ValueError) as exc:
+            read.append((None, f"{metadata['namespace']}/{metadata['name']}: {exc}".replace("\n", " ")))
+    return read
 
 
-def resolve_stack(plan: StackPlan, credentials: CredentialSource) -> ResolvedStack:
-    """Resolve Secret-backed credentials; a proxy whose Secret cannot be read is left out and reported.
+def resolve_stack(
+    plan: StackPlan,
+    credentials: CredentialSource,
+    *,
+    applied_credentials: Mapping[str, Mapping[str, str]] | None = None,
+) -> ResolvedStack:
+    """Resolve Secret-backed credentials. A proxy whose Secret cannot be read keeps the credentials it was
+    applied with (`applied_credentials`, the stack's secret output) and is reported as held; one that was
+    never applied is left out and reported.
 
-    The final hash covers the plan's hash and the resolved credentials, so rotating a Secret re-runs `up`.
+    The final hash covers the plan's hash and the resolved credentials, so rotating a Secret re-runs `up`
+    and holding the applied credentials does not.
     """
     assert plan.entry is not None, "plan a stack without a catalogue entry? the reconciler checks first"
+    applied_credentials = applied_credentials or {}
     secrets: dict[str, dict[str, str]] = {}
     skipped: dict[str, str] = {}
+    held: dict[str, str] = {}
     included = []
     for planned in plan.proxies:
         proxy = planned.proxy
         if proxy.spec.auth.mode == "secret":
             found = credentials.credentials_for(proxy)
             if not found:
-                ref = proxy.spec.auth.secret_ref
-                where = f"{ref.namespace or proxy.metadata.namespace}/{ref.name}" if ref else "?"
-                skipped[proxy.key] = (
-                    f"Secret {where} with keys `username` and `password` was not found: create it, "
-                    f"or use auth.mode: generated"
-                )
-                continue
+                missing = _missing_secret(proxy)
+                kept = applied_credentials.get(proxy.key)
+                if not kept:
+                    skipped[proxy.key] = missing
+                    continue
+                held[proxy.key] = f"{missing}; it keeps the credentials it was applied with"
+                found = {"username": str(kept.get("username", "")), "password": str(kept.get("password", ""))}
             secrets[proxy.key] = found
         included.append(proxy)
     proxies_json = json.dumps([program_proxy(p) for p in included], sort_keys=True, separators=(",", ":"))
@@ -116,4 +141,13 @@ def resolve_stack(plan: StackPlan, credentials: CredentialSource) -> ResolvedSta
         spec_hash=final_hash,
         provider_credentials=provider_secret,
     )
-    return ResolvedStack(input=stack_input, skipped=skipped)
+    return ResolvedStack(input=stack_input, skipped=skipped, held=held)
+
+
+def _missing_secret(proxy: Proxy) -> str:
+    ref = proxy.spec.auth.secret_ref
+    where = f"{ref.namespace or proxy.metadata.namespace}/{ref.name}" if ref else "?"
+    return (
+        f"Secret {where} with keys `username` and `password` was not found or does not decode: create or "
+        f"fix it, or use auth.mode: generated"
+    )

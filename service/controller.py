@@ -1,9 +1,11 @@
 """The control loop: source -> planner -> work queue -> reconciler, and what it reports back.
 
-The controller owns the planner and the queue. Each poll of the source feeds changed proxies and the
-catalogue to the planner and submits the stacks they dirtied; the reconciler (the queue's handler) runs
-them; the controller, as the reconciler's reporter, publishes addresses to the inventory that discovery and
-the health engine read, and records status and events.
+The controller owns the planner and the queue. At start it reads what the backend's stacks (ours only) last
+applied, so nothing is planned without it; then each poll of the source feeds changed proxies, the catalogue
+and the declared deletions to the planner and submits the stacks they dirtied. Deletions pass the deletion
+budget first. The reconciler (the queue's handler) runs the stacks; the controller, as its reporter,
+publishes addresses to the inventory that discovery and the health engine read, and records status and
+events. The loop survives any error of one pass (logged with its traceback, tried again at the next poll).
 """
 
 from __future__ import annotations
@@ -11,19 +13,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
+from automation.deletion_budget import DeletionBudget, HeldDeletion, assess
 from automation.engine import Engine, OperationResult, PreviewStep, interrupt_children
-from automation.errors import ProxyOperatorError
-from automation.planner import Planner, StackPlan, is_deleting
+from automation.errors import ProxyOperatorError, StackNotOwnedError
+from automation.planner import Planner, StackPlan, is_deleting, wants_skip_cleanup
 from automation.queue import WorkQueue
 from automation.queue_state import QueueState, StackQueueState
 from automation.reconciler import Reconciler
 from service.config import OperatorSettings
 from service.inventory import Inventory, ProxyEndpoint
-from service.sources.directory import DirectorySource
-from service.status import Reason, StatusBoard
+from service.sources.contract import Hold, Source, SourceChange
+from service.status import StatusBoard
 from stacks.models import Address, Proxy
+from stacks.models.conditions import ConditionType, Reason
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +40,10 @@ class Controller:
         *,
         settings: OperatorSettings,
         engine: Engine,
-        source: DirectorySource,
+        source: Source,
         inventory: Inventory,
         status: StatusBoard | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -44,7 +51,13 @@ class Controller:
         self.inventory = inventory
         self.status = status or StatusBoard()
         self.planner = Planner()
-        self.reconciler = Reconciler(planner=self.planner, engine=engine, reporter=self, credentials=source)
+        self.reconciler = Reconciler(
+            planner=self.planner,
+            engine=engine,
+            reporter=self,
+            credentials=source,
+            installation=settings.installation_name(),
+        )
         self.queue = WorkQueue(
             self.reconciler,
             policy=settings.backoff(),
@@ -52,31 +65,57 @@ class Controller:
             stall_after=settings.stall_after,
             on_state_change=self._queue_state,
         )
-        self._started = False
+        self.budget = DeletionBudget(
+            max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
+        )
+        self.held_deletion: HeldDeletion | None = None
+        self._allowed: set[str] = set()
+        self._pending_deletions: dict[str, Proxy] = {}
+        self._source_holds: dict[str, Hold] = {}
+        self._foreign: set[str] = set()
         self._backend_seen = False
+        self.started = False
+        self._monotonic = monotonic
+        self._last_repair: dict[str, float] = {}
+        self.loop_error: str | None = None  # the last pass's failure, None while the loop is well
 
     # --- driving ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """First load: every stack the manifests or the backend know is submitted once."""
+        """First load: what the backend applied, then the source; every known stack is submitted once."""
+        await self._load_backend()
         self.sync()
-        self._started = True
         await self._submit_known_stacks()
+        self.started = True
+
+    async def _load_backend(self) -> None:
+        """Read every stack's ownership and applied proxies; the source learns the applied ones, so a
+        complete read that lacks one declares its deletion and an incomplete one holds it."""
+        try:
+            names = await asyncio.to_thread(self.engine.list_stack_names)
+            for name in names:
+                try:
+                    applied = await self.reconciler.load_stack(name)
+                except StackNotOwnedError:
+                    self._foreign.add(name)
+                    continue
+                self.source.track(applied)
+        except ProxyOperatorError as exc:
+            # The backend is unreachable or refuses us (credentials, passphrase): nothing is planned
+            # without what it holds; tried again at the next poll.
+            log.error("cannot read the stacks of the backend: %s", exc.message)
+            return
+        self._backend_seen = True
 
     async def _submit_known_stacks(self) -> None:
-        """Submit every stack of the backend and the manifests -- once there is a catalogue to judge by."""
+        """Submit every stack of ours -- once the backend was read and there is a catalogue to judge by."""
+        if not self._backend_seen:
+            return
         if self.source.catalogue is None:
             log.error("no provider catalogue in the manifests yet: no stack is reconciled until there is one")
             return
-        try:
-            existing = await asyncio.to_thread(self.engine.list_stack_names)
-        except ProxyOperatorError as exc:
-            # The backend is unreachable or refuses us (credentials, passphrase): retried at the next poll.
-            log.error("cannot list the stacks of the backend: %s", exc.message)
-            return
-        for name in sorted(set(existing) | self.planner.stacks()):
+        for name in sorted(self.planner.stacks() - self._foreign):
             self.queue.submit(name, generation_hint=self._hint(name))
-        self._backend_seen = True
 
     def sync(self) -> set[str]:
         """Poll the source once; feed the planner; submit what changed. Returns the dirty stacks."""
@@ -85,46 +124,91 @@ class Controller:
         if change.catalogue is not None:
             dirty |= self.planner.set_catalogue(change.catalogue)
         for proxy in change.upserts:
+            self._pending_deletions.pop(proxy.key, None)  # declared again: no longer leaving
             dirty |= self.planner.upsert(proxy)
+        dirty |= self._apply_deletions(change.deletions)
+        for proxy in [*change.upserts, *change.deletions]:
             self._report_validity(proxy)
-        if self._started:
-            for name in sorted(dirty):
+        if change.catalogue is not None or change.upserts or change.deletions or change.held:
+            self._report_source_holds(change)
+        if self._backend_seen and self.source.catalogue is not None:
+            for name in sorted(dirty - self._foreign):
                 self.queue.submit(name, generation_hint=self._hint(name))
-        if change.catalogue is not None or change.upserts:
+        if not change.empty:
             self.inventory.mark_loaded()
         return dirty
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Watch the source until `stop` is set; request drift checks every resync interval."""
-        try:
-            await self.start()
-        except (OSError, ValueError) as exc:
-            log.error("cannot read the manifests: %s", exc)  # tried again at every poll below
-            self._started = True
+        """Watch the source until `stop` is set; request drift checks every resync interval. A pass that
+        fails is logged with its traceback and tried again; `loop_error` says so meanwhile (/readyz)."""
+        await self._pass(self.start)
         resync = self.settings.resync_seconds
         next_resync = asyncio.get_running_loop().time() + resync if resync else None
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=self.settings.poll_seconds)
-            self._poll()
-            if not self._backend_seen and self.source.catalogue is not None:
-                await self._submit_known_stacks()  # the backend or the catalogue was not there yet
+            await self._pass(self._poll_once)
             if next_resync is not None and asyncio.get_running_loop().time() >= next_resync:
                 self.request_resync()
                 next_resync += resync
 
-    def _poll(self) -> None:
-        """`sync`, but a folder that cannot be read is logged and tried again at the next poll."""
+    async def _poll_once(self) -> None:
+        if not self._backend_seen:
+            await self.start()  # the backend (or the folder) was not usable yet
+            return
+        self.sync()
+
+    async def _pass(self, step: Callable[[], Any]) -> None:
         try:
-            self.sync()
+            await step()
         except (OSError, ValueError) as exc:
-            log.error("cannot read the manifests: %s", exc)
+            self._loop_failed(f"cannot read the manifests: {exc}", traceback=False)
+        except Exception as exc:  # the loop must never die silently
+            self._loop_failed(f"the control loop failed: {type(exc).__name__}: {exc}", traceback=True)
+        else:
+            if self.loop_error is not None:
+                log.info("the control loop recovered")
+            self.loop_error = None
+
+    def _loop_failed(self, message: str, *, traceback: bool) -> None:
+        self.loop_error = message
+        if traceback:
+            log.exception("%s (tried again at the next poll)", message)
+        else:
+            log.error("%s (tried again at the next poll)", message)
 
     def request_resync(self) -> None:
         for name, plan in self.planner.plan_all().items():
-            if plan.entry is not None and plan.proxies:
+            if plan.entry is not None and plan.proxies and name not in self._foreign:
                 self.reconciler.request_drift_check(name)
                 self.queue.submit(name, generation_hint=("resync", self._hint(name)))
+
+    def request_repair(self, key: str) -> bool:
+        """A proxy fails its probes: refresh its stack soon (drift policy decides: recreate or report),
+        at most once per `repair_interval_seconds` per stack (a dead echo endpoint fails every probe)."""
+        stack = self.status.get(key).stack
+        if stack is None or stack in self._foreign:
+            return False
+        now = self._monotonic()
+        last = self._last_repair.get(stack)
+        if last is not None and now - last < self.settings.repair_interval_seconds:
+            return False
+        self._last_repair[stack] = now
+        log.info("%s fails its probes: checking stack %s against its resources", key, stack)
+        self.reconciler.request_drift_check(stack)
+        self.queue.submit(stack, generation_hint=("repair", now))
+        return True
+
+    def allow_deletions(self, change_id: str) -> bool:
+        """Allow the held change with this id once (the deletion budget); False when no such change."""
+        self._allowed.add(change_id)
+        if self.held_deletion is None or self.held_deletion.change_id != change_id:
+            return False
+        dirty = self._apply_deletions([])
+        if self._backend_seen:
+            for name in sorted(dirty - self._foreign):
+                self.queue.submit(name, generation_hint=self._hint(name))
+        return True
 
     async def close(self, *, grace: float = 30.0) -> None:
         """Stop taking work; SIGINT running `pulumi` children so they cancel cleanly and unlock."""
@@ -136,10 +220,50 @@ class Controller:
         plan = self.planner.plan(name)
         return (plan.spec_hash, tuple(p.key for p in plan.deleting), tuple(p.key for p in plan.forget))
 
+    # --- deletions --------------------------------------------------------------------------------------
+
+    def _apply_deletions(self, declared: list[Proxy]) -> set[str]:
+        """Declared deletions pass the budget as one change with those still held; returns dirty stacks."""
+        for proxy in declared:
+            self._pending_deletions[proxy.key] = proxy
+        if not self._pending_deletions:
+            self.held_deletion = None
+            return set()
+        removing = [
+            key
+            for key, proxy in self._pending_deletions.items()
+            if self.planner.is_applied(key) and not wants_skip_cleanup(proxy)
+        ]
+        held = assess(removing, fleet=self.planner.applied_count(), budget=self.budget, allowed=self._allowed)
+        if held is not None:
+            if self.held_deletion != held:
+                self._report_held_deletion(held)
+            self.held_deletion = held
+            return set()
+        self.held_deletion = None
+        self._allowed.clear()  # an allowance covers one change: it is used up now
+        dirty: set[str] = set()
+        for proxy in self._pending_deletions.values():
+            dirty |= self.planner.upsert(proxy)
+        self._pending_deletions.clear()
+        return dirty
+
+    def _report_held_deletion(self, held: HeldDeletion) -> None:
+        message = held.message(budget=self.budget)
+        log.error("deletion budget: %s", message, extra={"fields": {"change": held.change_id}})
+        for key in held.keys:
+            self._hold(key, Hold(Reason.DELETION_HELD, message))
+
     # --- the reconciler's reporter ----------------------------------------------------------------------
 
     def stack_applied(
-        self, plan: StackPlan, *, outputs: dict[str, Any], result: OperationResult | None
+        self,
+        plan: StackPlan,
+        *,
+        outputs: dict[str, Any],
+        result: OperationResult | None,
+        missing: set[str] | None = None,
+        held: set[str] | None = None,
     ) -> None:
         published = outputs.get("proxies") or {}
         credentials = outputs.get("credentials") or {}
@@ -148,17 +272,11 @@ class Controller:
             out = published.get(key)
             address = Address(host=out["host"], port=int(out["port"])) if out and out.get("host") else None
             self.status.set_applied(key, stack=plan.name, spec_hash=planned.spec_hash, address=address)
-            if out is None or key in self.planner.rejected:
-                continue  # left out, or running its last good version: the problem stays shown
-            self.status.set_condition(
-                key,
-                type_="Provisioned",
-                true=True,
-                reason=Reason.PROVISIONED,
-                message=f"applied in stack {plan.name}",
-            )
-            self.status.set_condition(key, type_="Stalled", true=False, reason="Reconciled")
-            if self.inventory.get(key) is None or result is not None:
+            if out is None or key in (missing or set()):
+                continue  # left out, or its resources are gone (drift reported): claim nothing
+            held_back = key in (held or set()) or self.planner.held_version(key) is not None
+            self._provisioned(key, stack=plan.name, held=held_back)
+            if result is not None:
                 log.info(
                     "%s serves at %s://%s:%s",
                     key,
@@ -184,45 +302,93 @@ class Controller:
     def proxy_event(self, key: str, *, reason: str, message: str, warning: bool = False) -> None:
         self.status.event(key, reason=reason, message=message, warning=warning)
 
+    def proxy_held(self, key: str, *, reason: str, message: str) -> None:
+        self._hold(key, Hold(reason, message))
+
     def released(self, proxy: Proxy, *, forgotten: bool = False) -> None:
         self.source.release(proxy.key)
         self.inventory.remove(proxy.key)
+        self._source_holds.pop(proxy.key, None)
         message = (
             "forgotten from state, its resources kept (skip-cleanup); the proxy is released"
             if forgotten
             else "resources removed; the proxy is released"
         )
-        self.status.event(proxy.key, reason="Released", message=message)
+        self.status.event(proxy.key, reason=Reason.RELEASED, message=message)
         self.status.drop(proxy.key)
 
     def drift(self, name: str, steps: list[PreviewStep]) -> None:
-        if not steps:
-            return
         for proxy in sorted({s.proxy or "-" for s in steps}):
             what = ", ".join(f"{s.op} {s.type} {s.name}" for s in steps if (s.proxy or "-") == proxy)
-            self.status.event(
-                proxy,
-                reason="DriftDetected",
-                warning=True,
-                message=f"stack {name} differs from the real resources: {what}",
-            )
+            message = f"stack {name} differs from the real resources: {what}"
+            self.status.event(proxy, reason=Reason.DRIFT_DETECTED, warning=True, message=message)
+            if proxy != "-":
+                self.status.set_condition(
+                    proxy,
+                    type_=ConditionType.PROVISIONED,
+                    true=False,
+                    reason=Reason.RESOURCES_MISSING,
+                    message=message + " (driftPolicy detect: set driftPolicy: correct to restore them)",
+                    warning=True,
+                )
 
     # --- status -----------------------------------------------------------------------------------------
 
+    def _provisioned(self, key: str, *, stack: str, held: bool) -> None:
+        self.status.set_condition(
+            key,
+            type_=ConditionType.PROVISIONED,
+            true=True,
+            reason=Reason.PROVISIONED,
+            message=f"applied in stack {stack}",
+        )
+        self.status.set_condition(key, type_=ConditionType.STALLED, true=False, reason=Reason.RECONCILED)
+        if not held and key not in self._source_holds:
+            self._unhold(key)
+
+    def _hold(self, key: str, hold: Hold) -> None:
+        self.status.set_condition(
+            key, type_=ConditionType.HELD, true=True, reason=hold.reason, message=hold.message, warning=True
+        )
+
+    def _unhold(self, key: str) -> None:
+        if self.status.get(key).conditions and _condition(self.status, key, ConditionType.HELD) == "True":
+            self.status.set_condition(
+                key,
+                type_=ConditionType.HELD,
+                true=False,
+                reason=Reason.AS_DECLARED,
+                message="the declared version is the one applied",
+            )
+
+    def _report_source_holds(self, change: SourceChange) -> None:
+        for key, hold in change.held.items():
+            self._hold(key, hold)
+        for key in set(self._source_holds) - set(change.held):
+            if key not in self._pending_deletions and self.planner.held_version(key) is None:
+                self._unhold(key)
+        self._source_holds = dict(change.held)
+
     def _report_validity(self, proxy: Proxy) -> None:
         if is_deleting(proxy):
+            if proxy.key in self._pending_deletions:
+                return  # held by the deletion budget: reported there
             self.status.event(proxy.key, reason=Reason.DELETING, message="removing its resources")
             return
         error = self.planner.rejected.get(proxy.key)
         if error is None:
+            if proxy.key not in self._source_holds:
+                self._unhold(proxy.key)
             return
-        kept = " (its last valid version stays applied)" if self.status.get(proxy.key).stack else ""
+        if self.planner.held_version(proxy.key) is not None:
+            self._hold(proxy.key, Hold(error.reason, error.message + "; its last applied version stays"))
+            return
         self.status.set_condition(
             proxy.key,
-            type_="Provisioned",
+            type_=ConditionType.PROVISIONED,
             true=False,
             reason=error.reason,
-            message=error.message + kept,
+            message=error.message,
             warning=True,
         )
 
@@ -235,12 +401,16 @@ class Controller:
             self.status.set_condition(
                 planned.key,
                 # Stalled=True after N failures in a row; before that, Provisioned=False says why.
-                type_="Stalled" if stalled else "Provisioned",
+                type_=ConditionType.STALLED if stalled else ConditionType.PROVISIONED,
                 true=stalled,
                 reason=error.reason,
                 message=error.message,
                 warning=True,
             )
+
+
+def _condition(status: StatusBoard, key: str, type_: str) -> str | None:
+    return next((c.status for c in status.get(key).conditions if c.type == type_), None)
 
 
 def _endpoint(proxy: Proxy, *, stack: str, out: dict[str, Any], creds: dict[str, Any]) -> ProxyEndpoint:

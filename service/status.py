@@ -14,17 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from stacks.models import Address, Condition, ProxyStatus
+from stacks.models.conditions import Reason, phase_of
+
+__all__ = ["Event", "Reason", "StatusBoard"]
 
 log = logging.getLogger("service.events")
-
-
-class Reason:
-    PROVISIONED = "Provisioned"
-    INVALID = "InvalidSpec"
-    UNKNOWN_PROVIDER = "UnknownProvider"
-    STACK_FAILED = "StackFailed"
-    STALLED = "Stalled"
-    DELETING = "Deleting"
 
 
 @dataclass(frozen=True)
@@ -106,11 +100,4 @@ class StatusBoard:
 
 
 def _phase(status: ProxyStatus) -> str:
-    conditions = {c.type: c.status for c in status.conditions}
-    if conditions.get("Stalled") == "True":
-        return "Stalled"
-    if conditions.get("Provisioned") == "False":
-        return "Failed"
-    if conditions.get("Provisioned") == "True":
-        return "Ready" if conditions.get("Healthy") != "False" else "Degraded"
-    return "Pending"
+    return phase_of({c.type: c.status for c in status.conditions})

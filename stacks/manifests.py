@@ -93,6 +93,10 @@ def _documents(path: Path, found: ManifestSet) -> Iterator[tuple[Source, Any]]:
             Problem(str(path), None, None if line is None else line + 1, "file", "", message)
         )
         return
+    except OSError as exc:
+        message = f"cannot be read ({exc.strerror or exc}): check its permissions"
+        found.problems.append(Problem(str(path), None, None, "file", "", message))
+        return
     for index, node in enumerate(nodes):
         if node is None:
             continue

@@ -1,12 +1,21 @@
 """The Pulumi engine: the only package that imports `pulumi.automation`."""
 
-from automation.engine.config import APPLIED_PROXIES_OUTPUT, HASH_OUTPUT, EngineConfig, StackInput
+from automation.engine.config import (
+    APPLIED_PROXIES_OUTPUT,
+    CREDENTIALS_OUTPUT,
+    HASH_OUTPUT,
+    OWNER_TAG,
+    EngineConfig,
+    StackInput,
+)
 from automation.engine.core import Engine, interrupt_children
 from automation.engine.results import OperationResult, PreviewStep, StackInfo
 
 __all__ = [
     "APPLIED_PROXIES_OUTPUT",
+    "CREDENTIALS_OUTPUT",
     "HASH_OUTPUT",
+    "OWNER_TAG",
     "Engine",
     "EngineConfig",
     "OperationResult",

@@ -20,7 +20,8 @@ from typing import Any
 from pulumi import automation as auto
 
 from automation.engine.children import interrupt_pulumi_children
-from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, EngineConfig, StackInput
+from automation.engine.command import PulumiAt
+from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, OWNER_TAG, EngineConfig, StackInput
 from automation.engine.errors import STACK_NOT_FOUND, translate
 from automation.engine.events import EventLogger
 from automation.engine.locks import LockRecovery
@@ -36,7 +37,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._command = auto.PulumiCommand(root=str(config.tools_dir), skip_version_check=True)
+        self._command = PulumiAt(config.pulumi)
         self._locks = LockRecovery(hostname=config.hostname)
 
     # --- operations -----------------------------------------------------------------------------------
@@ -154,6 +155,21 @@ class Engine:
                 return {}
             raise
 
+    def stack_tags(self, name: str) -> dict[str, str] | None:
+        """The stack's tags (its owner among them); None when there is no such stack. One CLI call."""
+        try:
+            with self._operation(name, "tags", create=False) as (stack, _events):
+                return {key: str(value) for key, value in stack.list_tags().items()}
+        except InvalidInputError as exc:
+            if exc.reason == STACK_NOT_FOUND:
+                return None
+            raise
+
+    def set_owner(self, name: str, installation: str) -> None:
+        """Record `installation` as the stack's owner (a stack tag: kept by every backend)."""
+        with self._operation(name, "tag", create=False) as (stack, _events):
+            stack.set_tag(OWNER_TAG, installation)
+
     def applied_hash(self, name: str) -> str | None:
         """The spec hash of the last successful `up` (an output of the stack, so a restart finds it)."""
         value = self.plain_outputs(name).get(HASH_OUTPUT)
@@ -167,15 +183,23 @@ class Engine:
         started = time.monotonic()
         try:
             workspace = self._workspace(name)
-            if create:
-                stack = auto.Stack.create_or_select(name, workspace)
-            else:
-                stack = auto.Stack.select(name, workspace)
+            select = self._create_or_select if create else auto.Stack.select
+            stack = select(name, workspace)
             yield stack, events
         except auto.errors.CommandError as exc:
             raise translate(exc, stack=name) from exc
         finally:
             log.debug("%s %s took %.1fs", kind, name, time.monotonic() - started)
+
+    def _create_or_select(self, name: str, workspace: auto.LocalWorkspace) -> auto.Stack:
+        """Select the stack, or create it tagged with this installation as its owner."""
+        try:
+            stack = auto.Stack.create(name, workspace)
+        except auto.errors.StackAlreadyExistsError:
+            return auto.Stack.select(name, workspace)
+        if self.config.installation:
+            stack.set_tag(OWNER_TAG, self.config.installation)
+        return stack
 
     def _retry_lock(self, stack: auto.Stack, operation: Callable[[], Any]) -> Any:
         """Run; on a lock whose owner process is gone, recover it once and run again."""

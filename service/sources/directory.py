@@ -1,17 +1,20 @@
 """A folder of multi-document YAML as the source of desired state (GitOps without a cluster).
 
-Each poll compares the folder's fingerprint (paths, sizes, mtimes) and reloads on change. A Proxy that
-disappears (file or document removed) becomes a *deleting* record: it stays, with a deletion time, until the
-reconciler releases it once its resources are gone -- the same lifecycle as a finalizer in the cluster.
-Nothing is lost to a typo: a Proxy document that stops parsing keeps its previous version (and is reported),
-and a catalogue that stops parsing keeps the previous catalogue.
+Each poll compares the folder's fingerprint (paths, sizes, mtimes) and reloads once the folder has held still
+for one poll. The source follows the contract of `service.sources.contract`: a reload says whether it read
+the folder completely and cleanly, and only a complete read declares deletions -- of the Proxies it knew
+(from earlier reads, or `track`ed from the backend's applied state) that are absent now. A deleting Proxy
+stays, with its deletion time, until the reconciler releases it once its resources are gone: the same
+lifecycle as a finalizer in the cluster. Nothing is lost to a typo: a file that does not parse holds every
+Proxy it held, an invalid Proxy document holds that Proxy, a catalogue that stops parsing keeps the previous
+catalogue.
 """
 
 from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,24 +22,15 @@ from typing import Any
 
 import yaml
 
+from service.sources.contract import Hold, SourceChange
 from stacks.manifests import ManifestSet, load_manifests, manifest_files
-from stacks.models import ProviderCatalogue, Proxy
+from stacks.models import KIND, ProviderCatalogue, Proxy
+from stacks.models.conditions import Reason
 from stacks.problems import Problem
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class SourceChange:
-    """What one poll found; empty when nothing changed."""
-
-    catalogue: ProviderCatalogue | None = None  # set when the catalogue changed
-    upserts: list[Proxy] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-
-    @property
-    def empty(self) -> bool:
-        return self.catalogue is None and not self.upserts
+__all__ = ["DirectorySource", "SourceChange"]
 
 
 @dataclass
@@ -46,30 +40,43 @@ class DirectorySource:
     _fingerprint: tuple[Any, ...] | None = None
     _pending: tuple[Any, ...] | None = None
     _proxies: dict[str, Proxy] = field(default_factory=dict)
+    _tracked: dict[str, Proxy] = field(default_factory=dict)  # applied in the backend, not read yet
+    _files: dict[str, str] = field(default_factory=dict)  # key -> the file that declared it last
     _catalogue: ProviderCatalogue | None = None
     _secrets: dict[str, dict[str, str]] = field(default_factory=dict)
+    _last: ManifestSet | None = None
+    _rejudge: bool = False
     problems: list[Problem] = field(default_factory=list)
 
     def poll(self) -> SourceChange:
-        """Reload if the folder changed; return what changed for the planner."""
+        """Reload if the folder changed (or newly tracked proxies need judging); return what changed."""
         if not self.directory.is_dir():
             raise FileNotFoundError(f"manifests folder {self.directory} does not exist")
         fingerprint = self._scan()
         if fingerprint == self._fingerprint:
-            return SourceChange()
+            return self._judge_tracked() if self._rejudge and self._last is not None else SourceChange()
         if self._fingerprint is not None and fingerprint != self._pending:
             # Act on a folder only once it holds still for one poll: a `git pull` or a copy in progress
             # deletes and rewrites files, and a half-written folder must not read as deleted Proxies.
             self._pending = fingerprint
             return SourceChange()
         self._fingerprint = self._pending = fingerprint
-        return self._reload(load_manifests(self.directory))
+        self._last = load_manifests(self.directory)
+        return self._reload(self._last, fresh=True)
+
+    def track(self, proxies: Iterable[Proxy]) -> None:
+        """Proxies the backend holds applied: judged at the next poll against the last read."""
+        for proxy in proxies:
+            if proxy.key not in self._proxies:
+                self._tracked[proxy.key] = proxy
+                self._rejudge = True
 
     def release(self, key: str) -> None:
         """The reconciler removed a deleting proxy's resources (or forgot them): drop the record."""
         proxy = self._proxies.get(key)
         if proxy is not None and proxy.metadata.deletion_timestamp is not None:
             del self._proxies[key]
+            self._files.pop(key, None)
 
     def proxies(self) -> list[Proxy]:
         return list(self._proxies.values())
@@ -97,30 +104,98 @@ class DirectorySource:
         files = manifest_files(self.directory)
         return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
 
-    def _reload(self, found: ManifestSet) -> SourceChange:
+    def _judge_tracked(self) -> SourceChange:
+        assert self._last is not None
+        return self._reload(self._last, fresh=False)
+
+    def _reload(self, found: ManifestSet, *, fresh: bool) -> SourceChange:
+        self._rejudge = False
         change = SourceChange(problems=list(found.problems))
-        self.problems = change.problems
         self._secrets = _load_secrets(found, change.problems)
-        for problem in change.problems:
-            log.warning("manifest problem: %s", problem)
+        self._take_catalogue(found, change)
+        change.complete = _is_complete(found, change.problems, has_catalogue=found.catalogue is not None)
+        if fresh:
+            self.problems = change.problems
+            for problem in change.problems:
+                log.warning("manifest problem: %s", problem)
+        invalid = _invalid_proxies(found)
+        for located in found.proxies:
+            key = located.obj.key
+            self._files[key] = located.source.file
+            self._tracked.pop(key, None)
+            if self._proxies.get(key) != located.obj:
+                self._proxies[key] = located.obj
+                change.upserts.append(located.obj)
+        for key, problem in invalid.items():
+            self._files[key] = problem.file
+            change.held[key] = Hold(Reason.INVALID_SPEC, f"{problem}; its last applied version stays")
+        seen = {located.obj.key for located in found.proxies} | set(invalid)
+        for key in sorted(self._known() - seen):
+            if change.complete:
+                change.deletions.append(self._declare_deleted(key))
+            else:
+                change.held[key] = self._absent_hold(key, change.problems)
+        return change
+
+    def _take_catalogue(self, found: ManifestSet, change: SourceChange) -> None:
         if found.catalogue is not None and found.catalogue != self._catalogue and len(found.catalogues) == 1:
             self._catalogue = change.catalogue = found.catalogue
         elif found.catalogue is None and self._catalogue is None and not found.broken_catalogues:
             # No catalogue at all is far likelier a wrong or empty mount than a wish to delete everything:
             # nothing is reconciled until one appears (an empty `providers: []` does mean "none").
             change.problems.append(_no_catalogue(self.directory))
-        seen = {located.obj.key for located in found.proxies} | _unparsable_keys(found)
-        for located in found.proxies:
-            if self._proxies.get(located.obj.key) != located.obj:
-                self._proxies[located.obj.key] = located.obj
-                change.upserts.append(located.obj)
-        for key, proxy in list(self._proxies.items()):
-            if key not in seen and proxy.metadata.deletion_timestamp is None:
-                leaving = proxy.model_copy(deep=True)
-                leaving.metadata.deletion_timestamp = self.now()
-                self._proxies[key] = leaving
-                change.upserts.append(leaving)
-        return change
+        elif found.catalogue is None and not found.broken_catalogues:
+            change.problems.append(_catalogue_gone(self.directory))
+
+    def _known(self) -> set[str]:
+        live = {key for key, proxy in self._proxies.items() if proxy.metadata.deletion_timestamp is None}
+        return live | set(self._tracked)
+
+    def _declare_deleted(self, key: str) -> Proxy:
+        leaving = (self._proxies.get(key) or self._tracked.pop(key)).model_copy(deep=True)
+        leaving.metadata.deletion_timestamp = self.now()
+        self._proxies[key] = leaving
+        return leaving
+
+    def _absent_hold(self, key: str, problems: list[Problem]) -> Hold:
+        file = self._files.get(key)
+        broken = next((p for p in problems if file is not None and p.file == file and p.obj == "file"), None)
+        if broken is not None:
+            return Hold(
+                Reason.MANIFEST_UNREADABLE,
+                f"{file} cannot be read ({broken.message}); its last applied version stays until it does",
+            )
+        first = next((p for p in problems if _blocks_completeness(p)), None)
+        why = str(first) if first is not None else "the manifests were not read completely"
+        return Hold(
+            Reason.NOT_IN_COMPLETE_READ,
+            f"not found in the manifests, but they were not read completely ({why}): absence is not a "
+            "deletion until the folder reads cleanly; fix that problem, then remove the Proxy if you mean to",
+        )
+
+
+def _is_complete(found: ManifestSet, problems: list[Problem], *, has_catalogue: bool) -> bool:
+    """A read may declare deletions only when every file parsed, the one catalogue parsed, and every
+    Proxy document can at least be named."""
+    if not has_catalogue or found.broken_catalogues or len(found.catalogues) > 1:
+        return False
+    return not any(_blocks_completeness(problem) for problem in problems)
+
+
+def _blocks_completeness(problem: Problem) -> bool:
+    # A whole file lost, a document that is not an object, a catalogue problem, or a Proxy without a name.
+    label = problem.obj or ""
+    return label in ("file", "document", "catalogue") or label.endswith("/?")
+
+
+def _invalid_proxies(found: ManifestSet) -> dict[str, Problem]:
+    """Proxy documents that failed to parse but can be named: they are present (held), not deleted."""
+    invalid: dict[str, Problem] = {}
+    for problem in found.problems:
+        label = problem.obj or ""
+        if label.startswith(f"{KIND} ") and not label.endswith("/?"):
+            invalid.setdefault(label.removeprefix(f"{KIND} "), problem)
+    return invalid
 
 
 def _no_catalogue(directory: Path) -> Problem:
@@ -136,14 +211,16 @@ def _no_catalogue(directory: Path) -> Problem:
     )
 
 
-def _unparsable_keys(found: ManifestSet) -> set[str]:
-    """Keys of Proxy documents that failed to parse: they keep their last version, they are not deleted."""
-    keys = set()
-    for problem in found.problems:
-        label = problem.obj or ""
-        if label.startswith("Proxy ") and not label.endswith("/?"):
-            keys.add(label.removeprefix("Proxy "))
-    return keys
+def _catalogue_gone(directory: Path) -> Problem:
+    return Problem(
+        file=str(directory),
+        document=None,
+        line=None,
+        obj="catalogue",
+        path="",
+        message="the provider catalogue is gone from this folder: the last one is kept and nothing is "
+        "removed until it is back (to remove every proxy, keep the catalogue and delete the Proxies)",
+    )
 
 
 def _load_secrets(found: ManifestSet, problems: list[Problem]) -> dict[str, dict[str, str]]:

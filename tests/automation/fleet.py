@@ -131,7 +131,7 @@ class Fleet:
         if controller is None:
             controller = self.controller()
             self._controllers.append(controller)
-        if not getattr(controller, "_started", False):
+        if not controller.started:
             await controller.start()
         else:
             controller.sync()
@@ -158,7 +158,7 @@ def kill_up_holding_lock(engine: Engine, stack: str) -> tuple[Path, int]:
     env = {**os.environ, **engine.config.environment()}
     locks = Path(engine.config.backend_url.removeprefix("file://")) / ".pulumi" / "locks"
     command = [
-        str(engine.config.tools_dir / "bin" / "pulumi"),
+        str(engine.config.pulumi),
         "up",
         "--yes",
         "--stack",

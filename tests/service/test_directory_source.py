@@ -51,7 +51,9 @@ def test_removed_proxy_becomes_deleting_until_released(tmp_path: Path) -> None:
 
     (tmp_path / "a.yaml").unlink()
     change = settled(src)
-    [leaving] = change.upserts
+    assert change.complete
+    assert change.upserts == []
+    [leaving] = change.deletions
     assert leaving.key == "crawl/a"
     assert leaving.metadata.deletion_timestamp == datetime(2026, 1, 1, tzinfo=UTC)
     assert "crawl/a" in {p.key for p in src.proxies()}, "kept until its resources are gone"
@@ -69,6 +71,9 @@ def test_broken_documents_keep_what_was_there(tmp_path: Path) -> None:
     (tmp_path / "catalogue.yaml").write_text("providers: [{name: Local_Bad, type: local}]\n")
     change = settled(src)
     assert change.upserts == [], "an unparsable Proxy is not a deleted Proxy"
+    assert change.deletions == []
+    assert change.held["crawl/a"].reason == "InvalidSpec"
+    assert "spec.port" in change.held["crawl/a"].message
     assert change.catalogue is None, "a broken catalogue keeps the previous one"
     assert src.catalogue is not None
     assert src.catalogue.names() == ["local"]
@@ -142,3 +147,114 @@ def test_an_undecodable_secret_is_reported_and_blocks_nothing(tmp_path: Path) ->
     assert problem.obj == "Secret crawl/bad"
     assert "stringData" in problem.message
     assert src.secret_value("bad", "password") is None
+
+
+# --- the source contract: only a complete read declares deletions ------------------------------------------
+
+
+def test_a_file_that_stops_parsing_holds_every_proxy_it_held(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "proxies.yaml", proxy("a"), proxy("b"))
+    write(tmp_path / "c.yaml", proxy("c"))
+    src = source(tmp_path)
+    assert src.poll().complete
+    (tmp_path / "proxies.yaml").write_text("kind: Proxy\nmetadata: {name: a\n")  # a YAML syntax error
+    (tmp_path / "c.yaml").unlink()  # ...and a removal in the same change: not declared either
+    change = settled(src)
+    assert not change.complete
+    assert change.deletions == [], "an incomplete read declares no deletion at all"
+    assert {k: h.reason for k, h in change.held.items()} == {
+        "crawl/a": "ManifestUnreadable",
+        "crawl/b": "ManifestUnreadable",
+        "crawl/c": "NotDeclared",
+    }
+    assert "proxies.yaml" in change.held["crawl/a"].message
+    assert all(p.metadata.deletion_timestamp is None for p in src.proxies())
+
+    write(tmp_path / "proxies.yaml", proxy("a"), proxy("b"))  # fixed: now c's removal is declared
+    change = settled(src)
+    assert change.complete
+    assert [p.key for p in change.deletions] == ["crawl/c"]
+    assert change.held == {}
+
+
+def test_an_emptied_or_catalogue_less_folder_declares_nothing(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    src = source(tmp_path)
+    src.poll()
+    (tmp_path / "a.yaml").unlink()
+    (tmp_path / "catalogue.yaml").unlink()
+    change = settled(src)
+    assert not change.complete
+    assert change.deletions == []
+    assert change.held["crawl/a"].reason == "NotDeclared"
+
+
+def test_a_nameless_proxy_document_makes_the_read_incomplete(tmp_path: Path) -> None:
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    src = source(tmp_path)
+    src.poll()
+    nameless = proxy("a")
+    del nameless["metadata"]["name"]  # which Proxy is this? it could be `a`: never read it as deleted
+    write(tmp_path / "a.yaml", nameless)
+    change = settled(src)
+    assert not change.complete
+    assert change.deletions == []
+
+
+def test_tracked_proxies_are_declared_deleted_only_by_a_complete_read(tmp_path: Path) -> None:
+    """After a restart the source learns from the backend what runs; absence counts only when clean."""
+    from stacks.models import Proxy
+
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    write(tmp_path / "bad.yaml", "providers: [")
+    src = source(tmp_path)
+    assert not src.poll().complete
+    src.track([Proxy.model_validate(proxy("gone"))])
+    change = src.poll()  # nothing changed on disk: the tracked proxy is judged against the last read
+    assert change.deletions == []
+    assert change.held["crawl/gone"].reason == "NotDeclared"
+
+    (tmp_path / "bad.yaml").unlink()
+    change = settled(src)
+    assert change.complete
+    assert [p.key for p in change.deletions] == ["crawl/gone"]
+    assert change.deletions[0].metadata.deletion_timestamp is not None
+
+
+def test_a_tracked_proxy_that_is_declared_is_not_deleted(tmp_path: Path) -> None:
+    from stacks.models import Proxy
+
+    write(tmp_path / "catalogue.yaml", CATALOGUE)
+    write(tmp_path / "a.yaml", proxy("a"))
+    src = source(tmp_path)
+    src.track([Proxy.model_validate(proxy("a"))])
+    change = src.poll()
+    assert [p.key for p in change.upserts] == ["crawl/a"]
+    assert change.deletions == []
+    assert src.poll().empty
+
+
+def test_an_unreadable_file_is_a_file_level_problem(tmp_path: Path) -> None:
+    import os as _os
+
+    if _os.geteuid() == 0:
+        # root reads any file whatever its mode: simulate with a file that is not UTF-8 instead
+        write(tmp_path / "catalogue.yaml", CATALOGUE)
+        write(tmp_path / "a.yaml", proxy("a"))
+        src = source(tmp_path)
+        src.poll()
+        (tmp_path / "a.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    else:
+        write(tmp_path / "catalogue.yaml", CATALOGUE)
+        write(tmp_path / "a.yaml", proxy("a"))
+        src = source(tmp_path)
+        src.poll()
+        (tmp_path / "a.yaml").chmod(0)
+    change = settled(src)
+    assert not change.complete
+    assert change.deletions == []
+    assert change.held["crawl/a"].reason == "ManifestUnreadable"

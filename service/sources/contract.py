@@ -1,0 +1,73 @@
+"""What every source of desired state tells the control loop, and how deletions are declared.
+
+A source (a folder of manifests, the Kubernetes API) answers each poll with a `SourceChange` that says two
+things explicitly besides what changed:
+
+- `complete`: this read saw the whole desired set without error. Only a complete read may declare that a
+  Proxy is gone because it is absent; a read with any file-level error (a file that does not parse or cannot
+  be read, a missing or broken catalogue, a Proxy whose name cannot be read) declares no deletion at all.
+- `deletions`: the Proxies whose deletion this read declares, each carrying its deletion time (in a cluster:
+  the deletion timestamp behind our finalizer; in a folder: removed from a complete read). Nothing else ever
+  removes a running proxy.
+
+`held` names the Proxies whose declared version could not be used this time (their file does not parse, their
+document is invalid, or they are absent from an incomplete read), with why and how to fix it: they keep
+their last applied version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from stacks.models import ProviderCatalogue, Proxy
+from stacks.problems import Problem
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a Proxy's declared version is not used: a reason word (stacks.models.conditions) and a message."""
+
+    reason: str
+    message: str
+
+
+@dataclass
+class SourceChange:
+    """What one poll found. `empty` when there is nothing to act on."""
+
+    catalogue: ProviderCatalogue | None = None  # set when the catalogue changed
+    upserts: list[Proxy] = field(default_factory=list)  # present, changed Proxies
+    deletions: list[Proxy] = field(default_factory=list)  # declared deletions (deletion time set)
+    complete: bool = True
+    held: dict[str, Hold] = field(default_factory=dict)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return self.catalogue is None and not self.upserts and not self.deletions and not self.held
+
+
+class Source(Protocol):
+    """The control loop's view of a source; the directory source and the Kubernetes source implement it."""
+
+    problems: list[Problem]
+
+    @property
+    def catalogue(self) -> ProviderCatalogue | None: ...
+
+    def poll(self) -> SourceChange: ...
+
+    def track(self, proxies: Iterable[Proxy]) -> None:
+        """Proxies the backend holds applied (read back at start): a complete read that lacks one declares
+        its deletion; an incomplete one holds it."""
+
+    def release(self, key: str) -> None:
+        """The deleting Proxy's resources are gone (or forgotten): drop it (remove our finalizer)."""
+
+    def proxies(self) -> list[Proxy]: ...
+
+    def credentials_for(self, proxy: Proxy) -> dict[str, str] | None: ...
+
+    def secret_value(self, name: str, key: str) -> str | None: ...
