@@ -3,8 +3,9 @@
 A stack is previewed when its final hash (`resolve_stack(...).input.spec_hash`, the one the reconciler
 compares) differs from the hash its last `up` applied, or always with `all_stacks`. A stack that exists in
 the backend but that no manifest names any more would be destroyed: it is previewed as a destroy. A preview
-of a stack that does not exist yet has to create it (the Automation API selects a stack before previewing);
-that empty stack is removed again afterwards, so a CI preview leaves no trace in the backend.
+writes nothing to the backend, so CI can run it with read-only credentials: a stack that does not exist yet
+(a new catalogue entry) is previewed against a throwaway backend (`Engine.preview_new`), since the
+Automation API can only preview a stack it has selected, and selecting a missing stack creates it.
 """
 
 from __future__ import annotations
@@ -139,11 +140,9 @@ def _steps(engine: Engine, target: PreviewTarget) -> list[PreviewStep]:
     if target.operation == "destroy":
         return engine.preview_destroy(target.name)
     assert target.input is not None
-    try:
-        return engine.preview(target.input)
-    finally:
-        if not target.existed:
-            engine.remove_if_empty(target.name)  # the preview had to create it; leave no trace
+    if not target.existed:
+        return engine.preview_new(target.input)  # no state to read; nothing may be written to the backend
+    return engine.preview(target.input)
 
 
 def _changing(steps: list[PreviewStep]) -> list[PreviewStep]:

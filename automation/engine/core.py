@@ -12,9 +12,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from pulumi import automation as auto
@@ -58,6 +62,28 @@ class Engine:
             self._retry_lock(stack, lambda: stack.preview(on_event=events))
             return steps_from_events(events.events)
 
+    def preview_new(self, spec: StackInput) -> list[PreviewStep]:
+        """Preview a stack that the backend does not hold yet, writing nothing to the backend.
+
+        The Automation API previews a selected stack only, and selecting one that does not exist creates
+        it: in the shared backend that is a write, which read-only CI credentials refuse (and others would
+        see the stack until it is removed). A stack that does not exist has no state to read, so this
+        preview runs against a throwaway file backend and work directory in a temporary folder, deleted
+        afterwards. Its stack config is encrypted with a throwaway passphrase: the secrets never leave
+        that folder, and no access to the real passphrase or KMS key is needed.
+        """
+        with tempfile.TemporaryDirectory(prefix="proxy-operator-preview-") as scratch:
+            backend = Path(scratch, "backend")
+            backend.mkdir()
+            throwaway = replace(
+                self.config,
+                backend_url=backend.as_uri(),
+                state_dir=Path(scratch),
+                secrets_provider="passphrase",
+                passphrase=secrets.token_urlsafe(24),
+            )
+            return Engine(throwaway).preview(spec)
+
     def preview_destroy(self, name: str) -> list[PreviewStep]:
         """What `destroy` would delete, changing nothing (the program does not run)."""
         with self._operation(name, "preview-destroy", create=False) as (stack, events):
@@ -93,17 +119,6 @@ class Engine:
             if any(forgotten.values()):
                 stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
             return forgotten
-
-    def remove_if_empty(self, name: str) -> bool:
-        """Remove a stack that holds no resources (a preview created it); Pulumi refuses any other."""
-        if not self.exists(name):
-            return False
-        try:
-            self._workspace(name).remove_stack(name)
-        except auto.errors.CommandError as exc:
-            log.info("kept stack %s: %s", name, translate(exc, stack=name).message)
-            return False
-        return True
 
     # --- inspection -----------------------------------------------------------------------------------
 
