@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs the Pulumi CLI and the Python language host under .tools/bin, at the version of the pulumi SDK that
 # pyproject.toml pins. Official release bundle when reachable; otherwise the CLI is built with Go from the Go
-# module proxy (wrapper module in tools/pulumi-cli) and the language host is the SDK-backed adapter in
-# tools/langhost (the Go language host's module is not served by the proxy). Idempotent: a second run with
-# everything in place does nothing.
+# module proxy (wrapper module in tools/pulumi-cli) and the language host is the SDK-backed adapter that the
+# package ships (automation/engine/langhost.py; the Go language host's module is not served by the proxy).
+# Idempotent: a second run with everything in place does nothing.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -26,6 +26,22 @@ up_to_date() {
   [ "$("$bin/pulumi" version 2>/dev/null)" = "v$version" ]
 }
 
+# The checkout's launcher of the package's language host (not over the official bundle's Go host). Rewritten
+# when it differs, so a .tools/ made before the host moved into the package is mended without a rebuild.
+langhost_launcher() {
+  local target="$bin/pulumi-language-python" want
+  [ -e "$target" ] && [ "$(head -c2 "$target")" != "#!" ] && return 0
+  want="#!/bin/sh
+# Python language host for Pulumi v$version, shipped in the package: see automation/engine/langhost.py.
+exec \"\${PULUMI_PYTHON_CMD:-$root/.venv/bin/python}\" -m automation.engine.langhost \"\$@\""
+  [ "$(cat "$target" 2>/dev/null)" = "$want" ] && return 0
+  mkdir -p "$bin"
+  printf '%s\n' "$want" > "$target"
+  chmod 0755 "$target"
+  say "installed pulumi-language-python (launcher of automation.engine.langhost)"
+}
+
+[ -x "$bin/pulumi" ] && langhost_launcher
 if up_to_date; then
   say "pulumi v$version and its Python launchers are in place ($bin); nothing to do"
   exit 0
@@ -65,13 +81,8 @@ install_launchers() {
   [ -f "$sdk/python/dist/pulumi-resource-pulumi-python" ] || die "no python/dist launchers in $sdk"
   install -m 0755 "$sdk/python/dist/pulumi-resource-pulumi-python" "$bin/"
   install -m 0755 "$sdk/python/dist/pulumi-analyzer-policy-python" "$bin/" 2>/dev/null || true
-  cat > "$bin/pulumi-language-python" <<LAUNCHER
-#!/bin/sh
-# Python language host for Pulumi v$version: see tools/langhost/pulumi_language_python.py for why.
-exec "\${PULUMI_PYTHON_CMD:-python3}" "$root/tools/langhost/pulumi_language_python.py" "\$@"
-LAUNCHER
-  chmod 0755 "$bin/pulumi-language-python"
-  say "installed pulumi-language-python (SDK-backed adapter) and pulumi-resource-pulumi-python"
+  say "installed pulumi-resource-pulumi-python"
+  langhost_launcher
 }
 
 if ! install_release; then

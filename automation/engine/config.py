@@ -3,19 +3,30 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from automation.errors import PermanentError
+
+# The folder that holds our packages: the checkout, or site-packages when the distribution is installed.
 ROOT = Path(__file__).resolve().parents[2]
+# The program (`stacks/__main__.py`) ships inside the package; the checkout's `make tools` puts the CLI here.
+PROGRAM_DIR = ROOT / "stacks"
+CHECKOUT_PULUMI = ROOT / ".tools" / "bin" / "pulumi"
 
 # The program's stack config namespace, and the outputs it echoes back for the reconciler
 # (see stacks/__main__.py).
 CONFIG_NAMESPACE = "proxy-operator"
 HASH_OUTPUT = "specHash"
 APPLIED_PROXIES_OUTPUT = "appliedProxies"
+CREDENTIALS_OUTPUT = "credentials"
+# The stack tag naming the installation that owns a stack: only the owner ever runs `up`, `destroy` or a
+# state edit on it (two installations sharing a backend never touch each other's stacks).
+OWNER_TAG = "proxy-operator:installation"
 
 
 @dataclass(frozen=True)
@@ -24,8 +35,8 @@ class EngineConfig:
 
     backend_url: str
     state_dir: Path
-    program_dir: Path = ROOT / "stacks"
-    tools_dir: Path = ROOT / ".tools"
+    program_dir: Path = PROGRAM_DIR
+    pulumi: Path = field(default_factory=lambda: find_pulumi(None))  # the CLI; see find_pulumi
     project_name: str = "proxy-operator"
     # "passphrase" (the passphrase below) or a KMS URL such as awskms://..., gcpkms://...
     secrets_provider: str = "passphrase"
@@ -33,13 +44,16 @@ class EngineConfig:
     pulumi_home: Path | None = None
     parallel: int = 16
     hostname: str = field(default_factory=socket.gethostname)
+    installation: str | None = None  # tagged as the owner of every stack this engine creates
     extra_env: Mapping[str, str] = field(default_factory=dict)
 
     def environment(self) -> dict[str, str]:
-        """Environment of every CLI call: our CLI and plugins first on PATH, our Python for programs."""
+        """Environment of every CLI call: the CLI's folder (a bundle's plugins), then our interpreter's (the
+        language host and dynamic-provider plugins this package installs) first on PATH, our Python for
+        programs."""
         python_bin = str(Path(sys.executable).parent)
         env = {
-            "PATH": os.pathsep.join([str(self.tools_dir / "bin"), python_bin, os.environ.get("PATH", "")]),
+            "PATH": os.pathsep.join([str(self.pulumi.parent), python_bin, os.environ.get("PATH", "")]),
             # The language host and the dynamic-provider launcher run this interpreter (our venv).
             "PULUMI_PYTHON_CMD": sys.executable,
             "PULUMI_SKIP_UPDATE_CHECK": "true",
@@ -61,6 +75,28 @@ class StackInput:
     credentials_json: str = field(default="{}", repr=False)
     spec_hash: str = ""
     provider_credentials: str | None = field(default=None, repr=False)  # GCP key JSON or a kubeconfig
+
+
+class PulumiNotFoundError(PermanentError):
+    """No usable Pulumi CLI: a set-up problem, reported before any operation runs."""
+
+
+def find_pulumi(configured: Path | None) -> Path:
+    """The Pulumi CLI: the setting (`PROXY_OPERATOR_PULUMI_PATH`), else `pulumi` on PATH, else the checkout's
+    `.tools/bin/pulumi` (what `make tools` installs)."""
+    if configured is not None:
+        if not (configured.is_file() and os.access(configured, os.X_OK)):
+            raise PulumiNotFoundError(f"PROXY_OPERATOR_PULUMI_PATH: {configured} is not an executable file")
+        return configured.absolute()
+    on_path = shutil.which("pulumi")
+    if on_path:
+        return Path(on_path).absolute()
+    if CHECKOUT_PULUMI.exists():
+        return CHECKOUT_PULUMI
+    raise PulumiNotFoundError(
+        "no Pulumi CLI: set PROXY_OPERATOR_PULUMI_PATH to the `pulumi` executable, put `pulumi` on PATH, "
+        "or run `make tools` in a checkout"
+    )
 
 
 def read_passphrase(*, path: Path | None, env_var: str = "PULUMI_CONFIG_PASSPHRASE") -> str | None:

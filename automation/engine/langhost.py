@@ -1,17 +1,20 @@
-"""A Pulumi language host for Python programs, for machines where the Go one cannot be had.
+"""The Python plugins the Pulumi CLI starts: the language host and the dynamic-provider launcher.
 
-The Pulumi CLI runs a `runtime: python` program through a plugin called `pulumi-language-python`: it starts
-the plugin with the engine's address as the last argument, reads a port from the plugin's first line of
-output, and talks gRPC (`pulumirpc.LanguageRuntime`) to it. Pulumi's release bundle ships a Go build of that
-plugin; its Go module is not served by the module proxy this project can reach, so `scripts/install-tools.sh`
-installs this one in its place when the official installer is out of reach.
+The CLI runs a `runtime: python` program through a plugin called `pulumi-language-python`: it starts the
+plugin with the engine's address as the last argument, reads a port from the plugin's first line of output,
+and talks gRPC (`pulumirpc.LanguageRuntime`) to it. Pulumi's release bundle ships a Go build of that plugin;
+its Go module is not served by the module proxy this project can reach, so this distribution ships its own,
+installed as the console script `pulumi-language-python` (and launched from `.tools/bin` in a checkout).
 
 It is a thin adapter over code that Pulumi maintains: the Python SDK's own `LanguageServer` (what the
-Automation API uses to run inline programs). This file only starts that server as a plugin and turns the
+Automation API uses to run inline programs). This module only starts that server as a plugin and turns the
 project's `main` into the program function. Differences from the Go host, on purpose:
 - `GetRequiredPackages` reports nothing: provider plugins are loaded when a resource first needs them, so a
   stack of `local` proxies never asks for the kubernetes or gcp plugins (which cannot be downloaded here).
-- Dependencies are the project's virtual environment: `InstallDependencies` only says so.
+- Dependencies are the interpreter's own environment: `InstallDependencies` only says so.
+
+`dynamic_provider` is the console script `pulumi-resource-pulumi-python`: what the release bundle's shell
+launcher of the same name does (`python -u -m pulumi.dynamic`), with this interpreter.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import os
 import runpy
 import signal
 import sys
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
+from typing import Any
 
 import grpc
 from pulumi.automation._server import LanguageServer
@@ -33,7 +38,7 @@ _VERSION = importlib.metadata.version("pulumi")
 _MAX_MESSAGE = 400 * 1024 * 1024  # the engine sends whole configs and receives big registrations
 
 
-def program_for(program_dir: Path, entry_point: str):
+def program_for(program_dir: Path, entry_point: str) -> Callable[[], None]:
     """Return a callable that runs the project's `main` the way `python <main>` would."""
     target = (program_dir / entry_point).resolve() if entry_point not in ("", ".") else program_dir.resolve()
     if target.is_dir() and (target / "__init__.py").exists():
@@ -61,15 +66,15 @@ class ProjectLanguageHost(LanguageServer):
         self.engine_address = engine_address
         self.running = False
 
-    def Handshake(self, request, context):
+    def Handshake(self, request: Any, context: Any) -> Any:
         if request.engine_address:
             self.engine_address = request.engine_address
         return language_pb2.LanguageHandshakeResponse()
 
-    def GetPluginInfo(self, request, context):
+    def GetPluginInfo(self, request: Any, context: Any) -> Any:
         return plugin_pb2.PluginInfo(version=_VERSION)
 
-    def Run(self, request, context):
+    def Run(self, request: Any, context: Any) -> Any:
         program_dir = Path(request.info.program_directory or request.pwd or os.getcwd())
         entry_point = request.info.entry_point or request.program or "."
         if request.pwd:
@@ -93,11 +98,11 @@ class ProjectLanguageHost(LanguageServer):
         finally:
             self.running = False
 
-    def InstallDependencies(self, request, context):
-        message = "dependencies come from the project's virtual environment; nothing to install\n"
+    def InstallDependencies(self, request: Any, context: Any) -> Iterator[Any]:
+        message = "dependencies come from the language host's own Python environment; nothing to install\n"
         yield language_pb2.InstallDependenciesResponse(stdout=message.encode())
 
-    def GetProgramDependencies(self, request, context):
+    def GetProgramDependencies(self, request: Any, context: Any) -> Any:
         deps = [
             language_pb2.DependencyInfo(name=dist.metadata["Name"], version=dist.version)
             for dist in importlib.metadata.distributions()
@@ -105,16 +110,16 @@ class ProjectLanguageHost(LanguageServer):
         ]
         return language_pb2.GetProgramDependenciesResponse(dependencies=deps)
 
-    def RuntimeOptionsPrompts(self, request, context):
+    def RuntimeOptionsPrompts(self, request: Any, context: Any) -> Any:
         return language_pb2.RuntimeOptionsResponse()
 
-    def Cancel(self, request, context):
+    def Cancel(self, request: Any, context: Any) -> Any:
         from google.protobuf import empty_pb2
 
         return empty_pb2.Empty()
 
 
-def main(argv: list[str]) -> int:
+def serve(argv: list[str]) -> int:
     positional = [arg for arg in argv if not arg.startswith("-")]
     engine_address = positional[-1] if positional else ""
     server = grpc.server(
@@ -144,5 +149,16 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def main() -> None:
+    """Console script `pulumi-language-python` (and `python -m automation.engine.langhost`)."""
+    sys.exit(serve(sys.argv[1:]))
+
+
+def dynamic_provider() -> None:
+    """Console script `pulumi-resource-pulumi-python`: the SDK's dynamic provider, unbuffered, in this
+    interpreter (the release bundle's launcher runs `python -u -m pulumi.dynamic`)."""
+    os.execv(sys.executable, [sys.executable, "-u", "-m", "pulumi.dynamic", *sys.argv[1:]])
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    main()
