@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
+from service.cli_settings import command_settings, setup_errors
 from service.cli_stacks import preview_command, stacks_app
-from service.config import OperatorSettings
 from service.logging_setup import configure_logging
 from service.runner import apply_once
 from service.serve import build_service, token_hint
@@ -31,7 +31,11 @@ Manifests = Annotated[
         "--manifests", exists=True, file_okay=False, help="Folder of Proxy manifests and one catalogue."
     ),
 ]
-StateDir = Annotated[Path, typer.Option("--state-dir", help="Work dirs, and the default file backend.")]
+# Options default to None: only an option given overrides the settings (PROXY_OPERATOR_*, then defaults).
+StateDir = Annotated[
+    Path | None,
+    typer.Option("--state-dir", help="Work dirs, and the default file backend. [default: .state]"),
+]
 
 app.add_typer(stacks_app, name="stacks")
 app.command("preview")(preview_command)
@@ -52,12 +56,13 @@ def validate(
 @app.command()
 def up(
     manifests: Manifests,
-    state_dir: StateDir = Path(".state"),
+    state_dir: StateDir = None,
 ) -> None:
     """Apply the manifests once (every stack they change or empty) and exit: for a GitOps job."""
     configure_logging()
-    settings = OperatorSettings(state_dir=state_dir)
-    report = asyncio.run(apply_once(settings, manifests))
+    settings = command_settings(state_dir=state_dir)
+    with setup_errors():
+        report = asyncio.run(apply_once(settings, manifests))
     for line in report.problem_lines():
         typer.echo(line, err=True)
     for line in report.address_lines():
@@ -68,16 +73,20 @@ def up(
 @app.command()
 def serve(
     manifests: Manifests,
-    state_dir: StateDir = Path(".state"),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address the API listens on."),
-    port: int = typer.Option(8080, "--port", help="Port of the API."),
+    state_dir: StateDir = None,
+    host: str | None = typer.Option(None, "--host", help="Address the API listens on. [default: 127.0.0.1]"),
+    port: int | None = typer.Option(
+        None, "--port", help="Port of the API; 0: any free port. [default: 8080]"
+    ),
     json_logs: bool = typer.Option(False, "--json-logs", help="One JSON object per log line."),
 ) -> None:
     """Reconcile the manifests and keep watching them; health-check the proxies; serve the API."""
     configure_logging(as_json=json_logs)
-    settings = OperatorSettings(state_dir=state_dir, listen_host=host, listen_port=port)
-    service = build_service(settings, manifests)
-    typer.echo(f"serving on http://{host}:{port} (token: {token_hint(settings)}); Ctrl-C stops cleanly")
+    settings = command_settings(state_dir=state_dir, listen_host=host, listen_port=port)
+    with setup_errors():
+        service = build_service(settings, manifests)
+    url = f"http://{settings.listen_host}:{service.port}"
+    typer.echo(f"serving on {url} (token: {token_hint(settings)}); Ctrl-C stops cleanly")
     asyncio.run(serve_forever(service))
 
 

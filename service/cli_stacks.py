@@ -14,6 +14,7 @@ from automation.inspect import StackDetail, StackInspector, StackNotFoundError, 
 from automation.preview import DesiredState, preview
 from automation.preview_model import PreviewReport
 from automation.preview_render import render_json, render_markdown, render_text
+from service.cli_settings import command_settings, setup_errors
 from service.config import OperatorSettings
 from service.sources.directory import DirectorySource
 from service.validate import validate_manifests
@@ -21,7 +22,8 @@ from stacks.models import ProviderCatalogue
 
 stacks_app = typer.Typer(no_args_is_help=True, help="Inspect the Pulumi stacks: one per provider entry.")
 
-STATE_DIR = typer.Option(Path(".state"), "--state-dir", help="Work dirs, default file backend.")
+# None: PROXY_OPERATOR_STATE_DIR, else .state (an option given overrides the setting, a default does not).
+STATE_DIR = typer.Option(None, "--state-dir", help="Work dirs, default file backend. [default: .state]")
 NAME = typer.Argument(..., help="Stack name (= provider catalogue entry).")
 
 
@@ -40,8 +42,10 @@ def preview_manifests(
     return preview(Engine(settings.engine_config()), desired, all_stacks=all_stacks)
 
 
-def inspector(state_dir: Path) -> StackInspector:
-    return StackInspector(Engine(OperatorSettings(state_dir=state_dir).engine_config()))
+def inspector(state_dir: Path | None) -> StackInspector:
+    settings = command_settings(state_dir=state_dir)
+    with setup_errors():
+        return StackInspector(Engine(settings.engine_config()))
 
 
 def summary_table(stacks: list[StackSummary]) -> str:
@@ -99,7 +103,7 @@ def preview_command(
     all_stacks: bool = typer.Option(False, "--all", help="Preview every stack, changed or not."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable report (schemaVersion 1)."),
     markdown: bool = typer.Option(False, "--markdown", help="Summary for a pull-request comment."),
-    state_dir: Path = STATE_DIR,
+    state_dir: Path | None = STATE_DIR,
 ) -> None:
     """Preview what applying the manifests would create, update, replace and delete; exit 1 on a problem."""
     if as_json and markdown:
@@ -109,8 +113,10 @@ def preview_command(
         for problem in report.problems:
             typer.echo(str(problem), err=True)
         raise _fail(report.summary())
+    settings = command_settings(state_dir=state_dir)
     try:
-        result = preview_manifests(OperatorSettings(state_dir=state_dir), manifests, all_stacks=all_stacks)
+        with setup_errors():
+            result = preview_manifests(settings, manifests, all_stacks=all_stacks)
     except ProxyOperatorError as exc:
         raise _fail(f"{exc.reason}: {exc.message}") from exc
     render = render_json if as_json else render_markdown if markdown else render_text
@@ -120,7 +126,7 @@ def preview_command(
 
 @stacks_app.command("list")
 def list_command(
-    state_dir: Path = STATE_DIR,
+    state_dir: Path | None = STATE_DIR,
     as_json: bool = typer.Option(False, "--json", help="JSON instead of a table."),
 ) -> None:
     """Each stack: provider type, proxies, resources, last operation and result, applied hash."""
@@ -136,7 +142,7 @@ def list_command(
 @stacks_app.command("show")
 def show_command(
     name: str = NAME,
-    state_dir: Path = STATE_DIR,
+    state_dir: Path | None = STATE_DIR,
     as_json: bool = typer.Option(False, "--json", help="The full record as JSON."),
 ) -> None:
     """One stack: provider, proxies, resources, last operation, applied hash, outputs (secrets masked)."""
@@ -150,7 +156,7 @@ def show_command(
 def outputs_command(
     name: str = NAME,
     show_secrets: bool = typer.Option(False, "--show-secrets", help="Print secret outputs in clear."),
-    state_dir: Path = STATE_DIR,
+    state_dir: Path | None = STATE_DIR,
 ) -> None:
     """A stack's outputs (JSON); secret ones read "[secret]" unless --show-secrets."""
     try:
@@ -164,7 +170,7 @@ def outputs_command(
 def export_command(
     name: str = NAME,
     show_secrets: bool = typer.Option(False, "--show-secrets", help="Decrypt secret values."),
-    state_dir: Path = STATE_DIR,
+    state_dir: Path | None = STATE_DIR,
 ) -> None:
     """A stack's raw state, as `pulumi stack export` prints it (secret values stay encrypted)."""
     try:

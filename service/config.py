@@ -15,6 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from automation.backoff import BackoffPolicy
 from automation.engine import EngineConfig
+from automation.engine.config import find_pulumi
 from service.settings import DiscoverySettings, HealthSettings
 
 
@@ -40,9 +41,14 @@ class OperatorSettings(BaseSettings):
     resync_seconds: float = Field(
         600.0, ge=0, description="Drift check of every stack this often (per-provider driftPolicy); 0: off."
     )
+    pulumi_path: Path | None = Field(
+        None, description="The `pulumi` executable; else `pulumi` on PATH; else a checkout's .tools/bin."
+    )
     poll_seconds: float = Field(1.0, gt=0, le=60, description="How often the manifests folder is checked.")
     listen_host: str = Field("127.0.0.1", description="Address the API listens on.")
-    listen_port: int = Field(8080, ge=1, le=65535, description="Port of the API (the probe URL uses it).")
+    listen_port: int = Field(
+        8080, ge=0, le=65535, description="Port of the API; 0: any free port (probes use the bound one)."
+    )
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
 
@@ -72,6 +78,7 @@ class OperatorSettings(BaseSettings):
             state_dir=self.state_dir.resolve(),
             secrets_provider=self.secrets_provider,
             passphrase=self.passphrase(),
+            pulumi=find_pulumi(self.pulumi_path),
         )
 
 

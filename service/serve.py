@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,13 +44,45 @@ class Service:
     health: HealthEngine
     discovery: DiscoveryService
     server: uvicorn.Server
+    listener: socket.socket  # bound by build_service; uvicorn serves on it and closes it
+
+    @property
+    def port(self) -> int:
+        """The port actually bound (the setting may be 0: any free port)."""
+        return int(self.listener.getsockname()[1])
 
 
 def build_service(settings: OperatorSettings, manifests: Path, *, port: int | None = None) -> Service:
+    """Every part, wired; the API's socket is bound here, so the probe URL names the port actually bound."""
+    listener = bind_listener(settings.listen_host, settings.listen_port if port is None else port)
+    try:
+        return _assemble(settings, manifests, listener)
+    except BaseException:
+        listener.close()
+        raise
+
+
+class ListenError(Exception):
+    """The API's address cannot be bound (in use, not an address of this machine, no permission)."""
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (port 0: the kernel picks a free one)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    return sock
+
+
+def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.socket) -> Service:
     inventory = Inventory()
     controller = build_controller(settings, manifests, inventory=inventory)
     registry = CollectorRegistry()
-    listen_port = settings.listen_port if port is None else port
+    listen_port = listener.getsockname()[1]
     health = HealthEngine(
         inventory=inventory,
         prober=ProxyProber(
@@ -89,7 +122,13 @@ def build_service(settings: OperatorSettings, manifests: Path, *, port: int | No
         lifespan="on",
         proxy_headers=False,  # /v1/echo must report the peer (the egress IP), never a forwarded header
     )
-    return Service(controller=controller, health=health, discovery=discovery, server=uvicorn.Server(config))
+    return Service(
+        controller=controller,
+        health=health,
+        discovery=discovery,
+        server=uvicorn.Server(config),
+        listener=listener,
+    )
 
 
 async def serve(service: Service) -> None:
@@ -97,8 +136,9 @@ async def serve(service: Service) -> None:
     control = asyncio.create_task(service.controller.run(stop), name="controller")
     prober = asyncio.create_task(service.health.run(), name="prober")
     try:
-        await service.server.serve()
+        await service.server.serve(sockets=[service.listener])
     finally:
+        service.listener.close()  # uvicorn closes it on a clean shutdown; not when its startup failed
         stop.set()
         prober.cancel()
         await asyncio.gather(prober, return_exceptions=True)
