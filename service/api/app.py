@@ -10,8 +10,10 @@ from prometheus_client import CollectorRegistry
 
 from service.api.deps import ApiContext, ReadyCheck, StackInspector
 from service.api.errors import install_error_handlers
+from service.api.fast_lease import LeaseFastPath
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
+from service.api.models import LeaseBody
 from service.api.query_guard import refuse_unknown_query
 from service.api.routers import echo, leases, probes, proxies, reports, stacks, status, whoami
 from service.auth import TokenAuthenticator
@@ -56,6 +58,13 @@ def create_app(
         ready_checks=ready_checks,
     )
     install_error_handlers(app)
+    app.add_middleware(  # inside the request id, so its answers carry one; see fast_lease.py
+        LeaseFastPath,
+        context=app.state.context,
+        endpoint=leases.create_lease,
+        body_model=LeaseBody,
+        error_handlers=app.exception_handlers,
+    )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(probes.router)  # probes take what kubelets and Prometheus send
     for module in (echo, whoami, proxies, leases, reports, stacks, status):

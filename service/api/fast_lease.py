@@ -1,0 +1,138 @@
+"""`POST /v1/leases` without FastAPI's per-request machinery for the common request; the rest goes to FastAPI.
+
+Profiled under load (docs/operations.md, "Bench"), FastAPI's walk over the included routers, its solving of
+the route's dependencies and its re-validation of the returned model cost more than the lease itself. This
+plain-ASGI layer serves the request that needs none of that: `POST /v1/leases`, no query string, a JSON body
+that validates, a bearer token with the `lease` scope. It calls the route's own function with the arguments
+FastAPI would pass and writes the same JSON. Any other request, including every one that ends in a 4xx
+before the route runs, goes to FastAPI with its body replayed, so those answers stay FastAPI's. Errors the
+route raises go to the app's own exception handlers.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
+
+from service.auth import Scope as AuthScope
+
+log = logging.getLogger(__name__)
+PATH = "/v1/leases"
+PARAMETERS = ("client", "ctx", "body")  # what `create_lease` takes; anything else: FastAPI serves it all
+Endpoint = Callable[..., Awaitable[BaseModel]]
+
+
+def _is_json(content_type: bytes) -> bool:
+    """What FastAPI reads as JSON, narrowed to the plain spelling (others take FastAPI's path)."""
+    return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
+class LeaseFastPath:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        context: Any,
+        endpoint: Endpoint,
+        body_model: type[BaseModel],
+        error_handlers: Mapping[Any, ExceptionHandler],
+    ) -> None:
+        self.app = app
+        self._context = context
+        self._endpoint = endpoint
+        self._body_model = body_model
+        self._handlers = error_handlers
+        self.enabled = tuple(inspect.signature(endpoint).parameters) == PARAMETERS
+        if not self.enabled:
+            log.warning("lease fast path off: %s no longer takes %s", endpoint.__name__, PARAMETERS)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            not self.enabled
+            or scope["type"] != "http"
+            or scope["path"] != PATH
+            or scope["method"] != "POST"
+            or scope.get("query_string")
+        ):
+            await self.app(scope, receive, send)
+            return
+        messages: list[Message] = []
+        arguments = await self._arguments(scope, receive, messages)
+        if arguments is None:
+            await self.app(scope, _replay(messages, receive), send)
+            return
+        await self._serve(scope, receive, send, arguments)
+
+    async def _arguments(
+        self, scope: Scope, receive: Receive, messages: list[Message]
+    ) -> dict[str, Any] | None:
+        """The route's arguments, or None when FastAPI should decide (and answer) instead."""
+        authorization = content_type = None
+        for name, value in scope["headers"]:
+            if name == b"authorization" and authorization is None:
+                authorization = value
+            elif name == b"content-type" and content_type is None:
+                content_type = value
+        if authorization is None or content_type is None or not _is_json(content_type):
+            return None
+        scheme, _, token = authorization.decode("latin-1").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            return None
+        body = await _read_body(receive, messages)
+        client = self._context.authenticator.authenticate(token) if body else None
+        if client is None or AuthScope.lease not in client.scopes:
+            return None
+        try:
+            parsed = self._body_model.model_validate(json.loads(body))
+        except (ValueError, ValidationError):  # JSONDecodeError is a ValueError
+            return None
+        return {"client": client, "ctx": self._context, "body": parsed}
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, arguments: dict[str, Any]) -> None:
+        try:
+            answer = await self._endpoint(**arguments)
+        except Exception as exc:
+            response = await self._error_response(Request(scope, receive), exc)
+            if response is None:
+                raise  # to the app's outermost handler (a 500), as from any route
+        else:
+            response = Response(answer.model_dump_json(by_alias=True), media_type="application/json")
+        await response(scope, receive, send)
+
+    async def _error_response(self, request: Request, exc: Exception) -> Response | None:
+        """What the app's exception handler for `exc` answers (as ExceptionMiddleware looks it up)."""
+        for cls in type(exc).__mro__:
+            if cls is not Exception and cls in self._handlers:
+                answer = self._handlers[cls](request, exc)  # type: ignore[arg-type]  # HTTP, not WebSocket
+                return await answer if inspect.isawaitable(answer) else answer
+        return None
+
+
+async def _read_body(receive: Receive, messages: list[Message]) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return b""  # a disconnect: FastAPI sees it too
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed

@@ -1,0 +1,128 @@
+"""The lease fast path answers byte for byte as FastAPI's route does, and hands FastAPI everything else.
+
+Two apps are built from the same state (fake clock, counted lease ids); one has the fast path taken out.
+The same requests, in the same order, must get the same status, headers and body from both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from service.api import create_app
+from service.api.fast_lease import LeaseFastPath
+from service.auth import TokenAuthenticator, TokenEntry, hash_token
+from service.discovery.memory import MemoryStore
+from service.discovery.service import DiscoveryService
+from service.settings import DiscoverySettings
+from tests.service.conftest import FakeClock, healthy_inventory
+
+TOKENS = {"lease": "t-lease", "report": "t-report"}
+JSON = {"Content-Type": "application/json"}
+
+
+def _app(*, fast: bool) -> FastAPI:
+    ids = itertools.count()
+    discovery = DiscoveryService(
+        inventory=healthy_inventory([f"p{i}" for i in range(5)]),
+        store=MemoryStore(),
+        settings=DiscoverySettings(max_count=3),
+        clock=FakeClock(),
+        rng=random.Random(7),
+        new_id=lambda: f"lease-{next(ids)}",
+    )
+    entries = [
+        TokenEntry(name=f"client-{scope}", scopes={scope}, sha256=hash_token(token))
+        for scope, token in TOKENS.items()
+    ]
+    app = create_app(
+        inventory=discovery.inventory, discovery=discovery, authenticator=TokenAuthenticator(entries)
+    )
+    if not fast:
+        app.user_middleware = [m for m in app.user_middleware if m.cls is not LeaseFastPath]
+    return app
+
+
+def _request(body: Any = None, *, token: str | None = "t-lease", **extra: Any) -> dict[str, Any]:
+    headers = {"X-Request-ID": "req-1", **JSON}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    headers.update(extra.pop("headers", {}))
+    content = extra.pop("content", None)
+    if content is None and body is not None:
+        content = json.dumps(body).encode()
+    return {"headers": headers, "content": content, **extra}
+
+
+REQUESTS = [
+    _request({"target": "shop.example"}),
+    _request({"target": "Shop.Example.", "count": 2}),
+    _request({"target": "shop.example", "count": 5, "ttl": 999999, "wait": 99}),  # lowered
+    _request({"target": "shop.example"}),  # everything held: 503 with Retry-After
+    _request({"target": "other.example", "session": "s1"}),
+    _request({"target": "other.example", "session": "s1"}),  # sticky
+    _request({"target": "other.example", "session": "s1", "strict": True}),
+    _request({}),
+    _request(None, content=b"null"),
+    _request(None, content=b""),  # no body: every field is optional
+    _request(None, content=b"{not json"),
+    _request({"target": "no scheme://here"}),
+    _request({"count": 2, "session": "s2"}),
+    _request({"bogus": 1}),
+    _request({"target": "a.example"}, token=None),
+    _request({"target": "a.example"}, token="wrong"),
+    _request({"target": "a.example"}, token="t-report"),  # lacks the lease scope
+    _request({"target": "a.example"}, headers={"Authorization": "Basic dTpw"}),
+    _request({"target": "a.example"}, headers={"Content-Type": "text/plain"}),
+    _request({"target": "a.example"}, headers={"Content-Type": "application/json; charset=utf-8"}),
+    _request({"target": "b.example"}, params={"unknown": "1"}),
+]
+
+
+async def _answers(app: FastAPI) -> list[tuple[int, list[tuple[str, str]], bytes]]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        answers = []
+        for request in REQUESTS:
+            response = await client.post("/v1/leases", **request)
+            answers.append((response.status_code, sorted(response.headers.items()), response.content))
+        return answers
+
+
+def test_the_fast_path_answers_as_fastapi_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    served: list[int] = []
+    serve = LeaseFastPath._serve
+
+    async def counting(self: LeaseFastPath, *args: Any) -> None:
+        served.append(1)
+        await serve(self, *args)
+
+    monkeypatch.setattr(LeaseFastPath, "_serve", counting)
+    fast = asyncio.run(_answers(_app(fast=True)))
+    slow = asyncio.run(_answers(_app(fast=False)))
+    for request, got, want in zip(REQUESTS, fast, slow, strict=True):
+        assert got == want, request
+    statuses = [status for status, _, _ in slow]
+    assert {200, 401, 403, 422, 503} <= set(statuses)
+    assert len(served) == 9  # the well-formed, authorised requests; the rest went to FastAPI
+
+
+def test_the_fast_path_turns_itself_off_when_the_route_changes() -> None:
+    async def other(client: Any, ctx: Any, body: Any, extra: Any) -> Any: ...
+
+    path = LeaseFastPath(_app(fast=False), context=None, endpoint=other, body_model=Any, error_handlers={})  # type: ignore[arg-type]
+    assert not path.enabled
+    assert LeaseFastPath(
+        _app(fast=False),
+        context=None,
+        endpoint=lambda client, ctx, body: None,  # type: ignore[arg-type, return-value]
+        body_model=Any,  # type: ignore[arg-type]
+        error_handlers={},
+    ).enabled
