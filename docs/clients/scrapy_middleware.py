@@ -1,9 +1,12 @@
 """A Scrapy downloader middleware that takes its proxies from proxy-operator (docs/api.md).
 
 For each request it leases a proxy for the request's host (the target), sends the request through it,
-reports the answer (`banned` on 403/429 or your codes, `ok` otherwise, `error` on a download error),
-releases the lease, and on a ban or an error retries the request through another proxy. Sticky sessions:
-set `request.meta["proxy_session"] = "cart-42"` and every request of that session uses one proxy.
+reports the answer (`banned` on 403/429 or your codes, `ok` otherwise, `error` on a download error,
+a timeout included), releases the lease, and on a ban or an error retries the request through another
+proxy. A lease whose request never came back (another middleware replaced or dropped it) is released when
+the request is sent again, or at the latest when the spider closes. Sticky sessions: set
+`request.meta["proxy_session"] = "cart-42"` and every request of that session uses one proxy (a session
+belongs to the token's client name, whatever the site: see docs/api.md).
 
 settings.py:
 
@@ -18,8 +21,8 @@ settings.py:
     PROXY_OPERATOR_WAIT = 10              # seconds the API may hold a lease request when all cool down
 
 Scrapy speaks HTTP(S) proxies only (credentials from the URL become Proxy-Authorization), so the middleware
-leases `protocol: http` proxies. Scrapy is imported only when Scrapy builds the middleware, so this file
-imports (and is tested) without Scrapy installed.
+leases `protocol: http` proxies. Scrapy is imported only inside the methods that need it, so this file
+imports without Scrapy installed. tests/service/test_scrapy_middleware.py runs it under a real spider.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class ProxyOperatorMiddleware:
         self._ban_codes = ban_codes
         self._max_retries = max_retries
         self._wait = wait
+        self._live: dict[str, dict[str, Any]] = {}  # lease id -> lease, until reported or released
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ProxyOperatorMiddleware:
@@ -74,17 +78,22 @@ class ProxyOperatorMiddleware:
         crawler.signals.connect(middleware.spider_closed, signal=signals.spider_closed)
         return middleware
 
-    async def process_request(self, request: Any, spider: Any) -> None:
+    # `spider` is optional: Scrapy 2.13+ no longer passes it, older versions do.
+    async def process_request(self, request: Any, spider: Any = None) -> None:
         if "proxy" in request.meta and LEASE_META not in request.meta:
             return None  # the spider chose its own proxy
+        unfinished = request.meta.get(LEASE_META)
+        if unfinished is not None and unfinished["leaseId"] in self._live:
+            await self._release(unfinished)  # sent again before its answer reached us: free that proxy
         lease = await self._lease(request)
+        self._live[lease["leaseId"]] = lease
         request.meta[LEASE_META] = lease
         request.meta["proxy"] = lease["url"]
         return None
 
-    async def process_response(self, request: Any, response: Any, spider: Any) -> Any:
+    async def process_response(self, request: Any, response: Any, spider: Any = None) -> Any:
         lease = request.meta.get(LEASE_META)
-        if lease is None:
+        if lease is None or lease["leaseId"] not in self._live:
             return response
         banned = response.status in self._ban_codes
         await self._finish(lease, outcome="banned" if banned else "ok", status_code=response.status)
@@ -92,14 +101,24 @@ class ProxyOperatorMiddleware:
             return self._retry(request, reason=f"{response.status} through {lease['key']}") or response
         return response
 
-    async def process_exception(self, request: Any, exception: Exception, spider: Any) -> Any:
+    async def process_exception(self, request: Any, exception: Exception, spider: Any = None) -> Any:
+        from scrapy.exceptions import IgnoreRequest
+
         lease = request.meta.get(LEASE_META)
-        if lease is None:
+        if lease is None or lease["leaseId"] not in self._live:
+            return None
+        if isinstance(exception, IgnoreRequest):  # dropped by a later middleware: not the proxy's fault
+            await self._release(lease)
             return None
         await self._finish(lease, outcome="error", status_code=None)
         return self._retry(request, reason=f"{type(exception).__name__} through {lease['key']}")
 
-    async def spider_closed(self, spider: Any) -> None:
+    async def spider_closed(self, spider: Any = None) -> None:
+        """Release the leases whose requests never came back, then close the API client."""
+        if self._live:
+            log.info("releasing %d unfinished lease(s) at close", len(self._live))
+        for lease in list(self._live.values()):
+            await self._release(lease)
         await self._http.aclose()
 
     async def _lease(self, request: Any) -> dict[str, Any]:
@@ -130,7 +149,11 @@ class ProxyOperatorMiddleware:
         if status_code is not None:
             report["statusCode"] = status_code
         await self._http.post("/v1/reports", json=report)
-        await self._http.delete(f"/v1/leases/{lease['leaseId']}")
+        await self._release(lease)
+
+    async def _release(self, lease: dict[str, Any]) -> None:
+        self._live.pop(lease["leaseId"], None)
+        await self._http.delete(f"/v1/leases/{lease['leaseId']}")  # 404: it had expired already
 
     def _retry(self, request: Any, *, reason: str) -> Any:
         retries = request.meta.get(RETRIES_META, 0) + 1
