@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import Field
@@ -45,6 +46,28 @@ class OperatorSettings(BaseSettings):
         None, description="The `pulumi` executable; else `pulumi` on PATH; else a checkout's .tools/bin."
     )
     poll_seconds: float = Field(1.0, gt=0, le=60, description="How often the manifests folder is checked.")
+    installation: str | None = Field(
+        None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="This installation's name, recorded as the owner (stack tag) of every stack it creates; "
+        "stacks owned by another installation are never touched. Default: generated once into "
+        "state_dir/installation. Set it explicitly when state_dir does not persist (a pod).",
+    )
+    deletion_budget_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A change that removes more than this share of the running proxies (and more than "
+        "deletion_budget_count) stops until allowed by its id.",
+    )
+    deletion_budget_count: int = Field(
+        5, ge=0, description="Removals up to this many proxies at once never need an allowance."
+    )
+    repair_interval_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="A proxy failing its probes has its stack refreshed at most this often per stack.",
+    )
     listen_host: str = Field("127.0.0.1", description="Address the API listens on.")
     listen_port: int = Field(
         8080, ge=0, le=65535, description="Port of the API; 0: any free port (probes use the bound one)."
@@ -79,14 +102,21 @@ class OperatorSettings(BaseSettings):
             secrets_provider=self.secrets_provider,
             passphrase=self.passphrase(),
             pulumi=find_pulumi(self.pulumi_path),
+            installation=self.installation_name(),
         )
 
+    def installation_name(self) -> str:
+        if self.installation:
+            return self.installation
+        return secret_file(self.state_dir / "installation", make=lambda: f"install-{secrets.token_hex(4)}")
 
-def secret_file(path: Path) -> str:
-    """The embedded default's secrets (passphrase, dev token): made once, mode 0600, beside the state."""
+
+def secret_file(path: Path, *, make: Callable[[], str] = lambda: secrets.token_urlsafe(32)) -> str:
+    """The embedded default's secrets and identity (passphrase, dev token, installation name): made once,
+    mode 0600, beside the state."""
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as handle:
-            handle.write(secrets.token_urlsafe(32))
+            handle.write(make())
     return path.read_text().strip()

@@ -103,7 +103,7 @@ class Controller:
         except ProxyOperatorError as exc:
             # The backend is unreachable or refuses us (credentials, passphrase): nothing is planned
             # without what it holds; tried again at the next poll.
-            log.error("cannot read the stacks of the backend: %s", exc.message)
+            log.error("cannot list the stacks of the backend: %s", exc.message)
             return
         self._backend_seen = True
 

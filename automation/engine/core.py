@@ -209,9 +209,9 @@ class Engine:
     def _create_or_select(self, name: str, workspace: auto.LocalWorkspace) -> auto.Stack:
         """Select the stack, or create it tagged with this installation as its owner."""
         try:
-            stack = auto.Stack.create(name, workspace)
-        except auto.errors.StackAlreadyExistsError:
             return auto.Stack.select(name, workspace)
+        except auto.errors.StackNotFoundError:
+            stack = auto.Stack.create(name, workspace)
         if self.config.installation:
             stack.set_tag(OWNER_TAG, self.config.installation)
         return stack
