@@ -4,8 +4,11 @@
     page = client.fetch("https://example.com/", target="example.com")
 
 `fetch` runs the loop every crawler runs: lease, fetch through the proxy, report, release. A ban answer
-(403/429) is reported as `banned` and the fetch is retried through another proxy. This file is run by the
-tests (tests/service/test_api_docs_clients.py), so it stays true to the API.
+(403/429) is reported as `banned`, a failed download (connection error, or no answer within `timeout`)
+as `error`, and the fetch is retried through another proxy. Leases taken with `lease()` and not released
+are released by `close()`; `renew()` extends one. This file is run by the tests
+(tests/service/test_python_client.py, against a live API, real proxies and a real site), so it stays true
+to the API.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class DiscoveryClient:
         self._http = httpx.Client(
             base_url=base_url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout
         )
+        self._live: dict[str, Lease] = {}  # taken and not yet released
 
     def lease(
         self, *, target: str | None = None, count: int = 1, wait: float = 0, **filters: Any
@@ -50,12 +54,24 @@ class DiscoveryClient:
         if response.status_code == 503:
             raise NoProxyAvailable(response.json()["error"], float(response.headers["Retry-After"]))
         _raise_for_error(response)
-        return [
+        leases = [
             Lease(item["leaseId"], item["key"], item["url"], item["expiresAt"], item["egressIp"])
             for item in response.json()["leases"]
         ]
+        self._live.update((lease.lease_id, lease) for lease in leases)
+        return leases
+
+    def renew(self, lease: Lease, *, ttl: float | None = None) -> Lease:
+        """Make the lease end `ttl` seconds from now (the server lowers it to its maximum)."""
+        body = {"ttl": ttl} if ttl is not None else None
+        response = self._http.post(f"/v1/leases/{lease.lease_id}/renew", json=body)
+        _raise_for_error(response)
+        renewed = Lease(lease.lease_id, lease.key, lease.url, response.json()["expiresAt"], lease.egress_ip)
+        self._live[lease.lease_id] = renewed
+        return renewed
 
     def release(self, lease: Lease) -> None:
+        self._live.pop(lease.lease_id, None)
         response = self._http.delete(f"/v1/leases/{lease.lease_id}")
         if response.status_code != 404:  # already ended: nothing to do
             _raise_for_error(response)
@@ -66,8 +82,14 @@ class DiscoveryClient:
         _raise_for_error(response)
         return dict(response.json())
 
-    def fetch(self, url: str, *, target: str, attempts: int = 3, wait: float = 10) -> httpx.Response:
-        """GET `url` through a leased proxy; on a ban or a proxy error, report it and try another."""
+    def fetch(
+        self, url: str, *, target: str, attempts: int = 3, wait: float = 10, timeout: float = 30
+    ) -> httpx.Response:
+        """GET `url` through a leased proxy; on a ban or a failed download, report it and try another.
+
+        A site that does not answer within `timeout` is reported as `error`, like a proxy that fails:
+        from here the two cannot be told apart (docs/api.md, "What to report").
+        """
         last: Exception | None = None
         for _ in range(attempts):
             try:
@@ -77,8 +99,8 @@ class DiscoveryClient:
                 last = exc
                 continue
             try:
-                response = httpx.get(url, proxy=lease.url, timeout=30)
-            except httpx.TransportError as exc:
+                response = httpx.get(url, proxy=lease.url, timeout=timeout)
+            except httpx.TransportError as exc:  # connect errors, resets, timeouts
                 self.report(lease, "error")
                 last = exc
                 continue
@@ -93,7 +115,12 @@ class DiscoveryClient:
         raise RuntimeError(f"no good answer from {url} after {attempts} attempts") from last
 
     def close(self) -> None:
-        self._http.close()
+        """Release the leases still held, then close the connection to the API."""
+        try:
+            for lease in list(self._live.values()):
+                self.release(lease)
+        finally:
+            self._http.close()
 
     def __enter__(self) -> DiscoveryClient:
         return self

@@ -2,7 +2,8 @@
 
 `/ok` always 200; `/ban403` and `/ban429` answer 403 / 429 first; `/drop` closes the connection without an
 answer first; `/slow` answers only after `slow_seconds` first (past a client's download timeout). Every
-later hit of a path is a 200. `hits` counts requests per path.
+later hit of a path is a 200. `hits` counts requests per path. `on_first_hit[path]` runs while that first
+request waits for its answer (a test uses it to act "in the middle" of a fetch).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PAGE = b"<html>ok</html>"
@@ -17,9 +19,12 @@ FIRST_STATUS = {"/ban403": 403, "/ban429": 429}
 
 
 class Site:
-    def __init__(self, *, slow_seconds: float = 3.0) -> None:
+    def __init__(
+        self, *, slow_seconds: float = 3.0, on_first_hit: dict[str, Callable[[], None]] | None = None
+    ) -> None:
         self.hits: Counter[str] = Counter()
         self.slow_seconds = slow_seconds
+        self.on_first_hit = on_first_hit or {}
         self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, name="site")
@@ -43,6 +48,8 @@ class Site:
             def do_GET(self) -> None:
                 path = self.path.split("?")[0].removeprefix(site.base)  # proxies send absolute URIs
                 first = site.first_hit(path)
+                if first and path in site.on_first_hit:
+                    site.on_first_hit[path]()
                 if first and path == "/drop":
                     self.close_connection = True  # no status line at all: a download error
                     return
