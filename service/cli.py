@@ -57,12 +57,18 @@ def validate(
 def up(
     manifests: Manifests,
     state_dir: StateDir = None,
+    allow_deletions: list[str] | None = typer.Option(
+        None,
+        "--allow-deletions",
+        metavar="CHANGE_ID",
+        help="Let a change that the deletion budget stopped go ahead, once (its id is in the message).",
+    ),
 ) -> None:
     """Apply the manifests once (every stack they change or empty) and exit: for a GitOps job."""
     configure_logging()
     settings = command_settings(state_dir=state_dir)
     with setup_errors():
-        report = asyncio.run(apply_once(settings, manifests))
+        report = asyncio.run(apply_once(settings, manifests, allow_deletions=allow_deletions or ()))
     for line in report.problem_lines():
         typer.echo(line, err=True)
     for line in report.address_lines():

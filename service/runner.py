@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,15 +27,20 @@ class ApplyReport:
     errors: dict[str, str] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    held: dict[str, str] = field(default_factory=dict)  # proxies running their last applied version: why
+    held_deletion: str | None = None  # a change the deletion budget stopped: what to do
 
     @property
     def ok(self) -> bool:
-        return not self.errors and not self.problems
+        return not self.errors and not self.problems and not self.held and self.held_deletion is None
 
     def problem_lines(self) -> list[str]:
-        return [f"problem: {p}" for p in self.problems] + [
-            f"error: {name}: {error}" for name, error in sorted(self.errors.items())
-        ]
+        lines = [f"problem: {p}" for p in self.problems]
+        lines += [f"error: {name}: {error}" for name, error in sorted(self.errors.items())]
+        lines += [f"held: {key}: {why}" for key, why in sorted(self.held.items())]
+        if self.held_deletion is not None:
+            lines.append(f"stopped: {self.held_deletion}")
+        return lines
 
     def address_lines(self) -> list[str]:
         summary = (
@@ -56,9 +61,14 @@ def build_controller(
     )
 
 
-async def apply_once(settings: OperatorSettings, manifests: Path) -> ApplyReport:
-    """Reconcile the folder once: every stack it changes, and every stack it empties, then return."""
+async def apply_once(
+    settings: OperatorSettings, manifests: Path, *, allow_deletions: Iterable[str] = ()
+) -> ApplyReport:
+    """Reconcile the folder once: every stack it changes, and every stack it empties, then return.
+    `allow_deletions`: ids of changes the deletion budget stopped that may go ahead this time."""
     controller = build_controller(settings, manifests)
+    for change_id in allow_deletions:
+        controller.allow_deletions(change_id)
     try:
         await controller.start()
         await _settle(controller)
@@ -82,7 +92,12 @@ def _report(controller: Controller) -> ApplyReport:
         if state.state in (QueueState.FAILED, QueueState.STALLED, QueueState.BACKOFF) and state.last_error:
             report.errors[name] = f"{state.last_error.reason}: {state.last_error.message}"
     for key, error in controller.planner.rejected.items():
-        report.errors[key] = f"{error.reason}: {error.message}"
+        if controller.planner.held_version(key) is None:
+            report.errors[key] = f"{error.reason}: {error.message}"
+    for key, held in controller.status.held().items():
+        report.held[key] = f"{held.reason}: {held.message}"
+    if controller.held_deletion is not None:
+        report.held_deletion = controller.held_deletion.message(budget=controller.budget)
     for endpoint in controller.inventory.endpoints():
         if endpoint.has_address:
             report.addresses[endpoint.key] = f"{endpoint.protocol}://{endpoint.host}:{endpoint.port}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +32,7 @@ from service.health.probe import ProxyProber
 from service.health.thresholds import Thresholds
 from service.inventory import Inventory
 from service.runner import build_controller
+from service.supervise import Supervised
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ class Service:
     discovery: DiscoveryService
     server: uvicorn.Server
     listener: socket.socket  # bound by build_service; uvicorn serves on it and closes it
+    prober: Supervised  # the health engine's run, restarted if it ever fails
 
     @property
     def port(self) -> int:
@@ -106,6 +108,7 @@ def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.sock
         on_error_report=lambda key: _spawn(health.record_failure(key)),
         no_candidate_retry=settings.health.interval_seconds,
     )
+    prober = Supervised("prober", health.run)
     app = create_app(
         inventory=inventory,
         discovery=discovery,
@@ -113,6 +116,8 @@ def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.sock
         registry=registry,
         stack_inspector=StackInspector(controller.engine),
         status_board=controller.status,
+        ready_checks=(_loop_check(controller), prober.ready),
+        deletions=controller,
     )
     config = uvicorn.Config(
         app,
@@ -128,13 +133,14 @@ def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.sock
         discovery=discovery,
         server=uvicorn.Server(config),
         listener=listener,
+        prober=prober,
     )
 
 
 async def serve(service: Service) -> None:
     stop = asyncio.Event()
     control = asyncio.create_task(service.controller.run(stop), name="controller")
-    prober = asyncio.create_task(service.health.run(), name="prober")
+    prober = asyncio.create_task(service.prober.run(), name="prober")
     try:
         await service.server.serve(sockets=[service.listener])
     finally:
@@ -188,9 +194,18 @@ def _probe_host(settings: OperatorSettings) -> str:
     return "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
 
 
+def _loop_check(controller: Controller) -> Callable[[], Awaitable[str | None]]:
+    async def check() -> str | None:
+        return controller.loop_error
+
+    return check
+
+
 def _health_to_status(controller: Controller) -> Callable[[HealthTransition], None]:
     def sink(transition: HealthTransition) -> None:
         healthy = transition.current == "healthy"
+        if not healthy:
+            controller.request_repair(transition.key)  # its resources may be gone: check its stack soon
         controller.status.set_condition(
             transition.key,
             type_="Healthy",

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from stacks.models import Address, Condition, ProxyStatus
-from stacks.models.conditions import Reason, phase_of
+from stacks.models.conditions import ConditionType, Reason, phase_of
 
 __all__ = ["Event", "Reason", "StatusBoard"]
 
@@ -44,6 +44,16 @@ class StatusBoard:
     def all(self) -> dict[str, ProxyStatus]:
         with self._lock:
             return {key: status.model_copy(deep=True) for key, status in self._status.items()}
+
+    def held(self) -> dict[str, Condition]:
+        """Proxies running their last applied version instead of the declared one, with the Held condition."""
+        with self._lock:
+            return {
+                key: condition.model_copy()
+                for key, status in self._status.items()
+                for condition in status.conditions
+                if condition.type == ConditionType.HELD and condition.status == "True"
+            }
 
     def events(self, key: str | None = None) -> list[Event]:
         with self._lock:

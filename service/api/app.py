@@ -8,13 +8,14 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 
-from service.api.deps import ApiContext, ReadyCheck, StackInspector
+from service.api.deps import ApiContext, DeletionGate, ReadyCheck, StackInspector
 from service.api.errors import install_error_handlers
 from service.api.fast_lease import LeaseFastPath
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
 from service.api.models import LeaseBody
 from service.api.query_guard import refuse_unknown_query
+from service.api.routers import deletions as deletions_router
 from service.api.routers import echo, leases, probes, proxies, reports, stacks, status, whoami
 from service.auth import TokenAuthenticator
 from service.discovery.service import DiscoveryService
@@ -37,6 +38,7 @@ def create_app(
     stack_inspector: StackInspector | None = None,
     status_board: StatusBoard | None = None,
     ready_checks: Sequence[ReadyCheck] = (),
+    deletions: DeletionGate | None = None,
     lifespan: Any = None,
 ) -> FastAPI:
     """Build the app. `registry` should be the one the health engine's metrics use, so /metrics shows both."""
@@ -56,6 +58,7 @@ def create_app(
         stacks=stack_inspector,
         status=status_board,
         ready_checks=ready_checks,
+        deletions=deletions,
     )
     install_error_handlers(app)
     app.add_middleware(  # inside the request id, so its answers carry one; see fast_lease.py
@@ -67,6 +70,6 @@ def create_app(
     )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(probes.router)  # probes take what kubelets and Prometheus send
-    for module in (echo, whoami, proxies, leases, reports, stacks, status):
+    for module in (echo, whoami, proxies, leases, reports, stacks, status, deletions_router):
         app.include_router(module.router, dependencies=[Depends(refuse_unknown_query)])
     return app

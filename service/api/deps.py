@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CollectorRegistry
 
+from automation.deletion_budget import DeletionBudget, HeldDeletion
 from service.api.errors import ApiError
 from service.api.metrics import ApiMetrics
 from service.auth import Client, Scope, TokenAuthenticator
@@ -29,6 +30,18 @@ class StackInspector(Protocol):
     def get_stack(self, name: str) -> Any | Awaitable[Any]: ...
 
 
+class DeletionGate(Protocol):
+    """The control loop's deletion budget, as `/v1/deletions` sees it."""
+
+    @property
+    def held_deletion(self) -> HeldDeletion | None: ...
+
+    @property
+    def budget(self) -> DeletionBudget: ...
+
+    def allow_deletions(self, change_id: str) -> bool: ...
+
+
 @dataclass
 class ApiContext:
     inventory: Inventory
@@ -39,6 +52,7 @@ class ApiContext:
     stacks: StackInspector | None = None
     status: StatusBoard | None = None
     ready_checks: Sequence[ReadyCheck] = field(default_factory=tuple)
+    deletions: DeletionGate | None = None
 
 
 async def get_context(request: Request) -> ApiContext:
