@@ -7,10 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from automation.queue_state import QueueState
+from tests.automation.eventually import eventually
 from tests.automation.fleet import Fleet, accepts, free_port, kill_up_holding_lock
 from tests.conftest import PulumiEnv
 
@@ -160,23 +165,44 @@ def test_two_stacks_run_in_parallel(pulumi_env: PulumiEnv, tmp_path: Path) -> No
 
 
 def test_ten_quick_changes_coalesce(fleet: Fleet) -> None:
+    """Ten changes submitted while the stack's `up` runs make one more run, not ten.
+
+    Each change is polled twice so that it passes the directory source's debounce (the folder holds still
+    for one poll) and reaches the queue as a real submit: without that, the queue would be handed nothing
+    and a queue that never coalesces would pass too.
+    """
     fleet.write_proxy("busy", port=free_port())
 
     async def scenario() -> None:
         controller = fleet.controller()
         fleet._controllers.append(controller)
+        submits: list[str] = []
+        submit = controller.queue.submit
+
+        def counting_submit(stack: str, **kwargs: Any) -> None:
+            submits.append(stack)
+            submit(stack, **kwargs)
+
+        controller.queue.submit = counting_submit  # type: ignore[method-assign]
         await controller.start()
+        queue = controller.queue
+        await eventually(
+            lambda: queue.status("local").state is QueueState.RUNNING, within=60, what="the first run"
+        )
+        submits.clear()  # the first load's submits
         ports = []
-        for _ in range(10):  # ten edits while the first `up` runs
+        for _ in range(10):
             ports.append(free_port())
             fleet.write_proxy("busy", port=ports[-1])
-            controller.sync()
-            await asyncio.sleep(0.05)
-        await fleet.apply(controller)  # the folder holds still: the last version is applied
+            assert controller.sync() == set(), "the source hands on a folder only once it holds still"
+            assert controller.sync() == {"local"}
+            assert queue.status("local").state is QueueState.RUNNING, "the first run ended too soon"
+        assert submits == ["local"] * 10
+
+        await fleet.apply(controller)
+        assert queue.status("local").runs == 2, "ten submits during a run must make one follow-up run"
         assert controller.engine.up_count("local") <= 2
         assert accepts(ports[-1]), "the last change must be the one applied"
-        await controller.close()
-        return ports
 
     asyncio.run(fleet.run(scenario))
 
@@ -202,16 +228,49 @@ def test_stale_lock_of_a_killed_up_is_recovered(fleet: Fleet) -> None:
 def test_an_unusable_backend_at_start_is_reported_and_retried(
     pulumi_env: PulumiEnv, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    not_a_folder = tmp_path / "backend-file"
-    not_a_folder.write_text("this is a file, not a state folder\n")
-    fleet = Fleet(root=tmp_path / "fleet", backend_url=not_a_folder.as_uri())
-    fleet.write_proxy("a", port=free_port())
+    backend = tmp_path / "unusable-backend"
+    backend.write_text("this is a file, not a state folder\n")
+    fleet = Fleet(root=tmp_path / "fleet", backend_url=backend.as_uri())
+    port = free_port()
+    fleet.write_proxy("a", port=port)
 
     async def scenario() -> None:
         controller = fleet.controller()
         fleet._controllers.append(controller)
-        await controller.start()  # must not raise: `serve` keeps running and retries at the next poll
-        assert controller._backend_seen is False
+        controller.settings = controller.settings.model_copy(update={"poll_seconds": 0.2})
+        listings: list[float] = []
+        list_stack_names = controller.engine.list_stack_names
 
-    asyncio.run(fleet.run(scenario))
-    assert any("cannot list the stacks of the backend" in r.getMessage() for r in caplog.records)
+        def counting_list() -> list[str]:
+            listings.append(time.monotonic())
+            return list_stack_names()
+
+        controller.engine.list_stack_names = counting_list  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        loop = asyncio.create_task(controller.run(stop))  # `serve`'s loop: it must survive the backend
+        try:
+            await eventually(lambda: len(listings) >= 3, within=60, what="the listing to be tried again")
+            reported = [
+                r for r in caplog.records if r.name == "service.controller" and r.levelno == logging.ERROR
+            ]
+            assert len(reported) >= 2, "each failed attempt is reported"
+            assert all("backend" in r.getMessage() for r in reported), reported
+            assert controller.queue.states() == {}, "nothing may run before the backend was read"
+            assert not loop.done()
+
+            # The backend becomes usable: the next poll reads it and the stack is reconciled.
+            backend.unlink()
+            backend.mkdir()
+            await eventually(lambda: accepts(port), within=120, what="the proxy to be provisioned")
+            await controller.queue.drain()
+            assert controller.engine.list_stack_names() == ["local"]
+            assert controller.queue.status("local").last_error is None
+            assert controller.status.get("crawl/a").phase == "Ready"
+        finally:
+            stop.set()
+            await loop
+
+    try:
+        asyncio.run(fleet.run(scenario))
+    finally:
+        fleet.kill_proxies()
