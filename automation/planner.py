@@ -145,6 +145,13 @@ class Planner:
     def is_applied(self, key: str) -> bool:
         return key in self._applied
 
+    def applied_keys(self) -> set[str]:
+        return set(self._applied)
+
+    def current(self, key: str) -> Proxy | None:
+        """The version the planner holds for `key`: declared, deleting, or (not declared yet) applied."""
+        return self._proxies.get(key)
+
     def applied_count(self) -> int:
         """Proxies some stack holds and that are not leaving: the fleet a deletion is measured against."""
         return sum(1 for key in self._applied if key in self._proxies and not is_deleting(self._proxies[key]))

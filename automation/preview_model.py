@@ -123,16 +123,36 @@ class Totals(_Wire):
     delete: int
 
 
+class Decisions(_Wire):
+    """What the control loop would decide about proxies, beside the resource changes (filled in while
+    the preview is planned, so not frozen)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=False)
+
+    held: dict[str, str] = Field(default_factory=dict)  # key -> why its applied version stays
+    refused: dict[str, str] = Field(default_factory=dict)  # key -> why it is left out (nothing applied)
+    deleted: list[str] = Field(default_factory=list)  # declared deletions (removed from a complete read)
+    foreign: dict[str, str] = Field(default_factory=dict)  # stack -> why it is left alone
+    deletion_budget: str | None = None  # set when the deletion budget would stop this change
+
+
 class PreviewReport(_Wire):
     schema_version: Literal[1] = 1
     all_stacks: bool = False
     stacks: list[StackPreview] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
+    decisions: Decisions = Field(default_factory=Decisions)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
-        return not self.problems and not any(stack.error for stack in self.stacks)
+        """False on a problem, a failed preview, a held proxy or a removal the budget would stop."""
+        return not (
+            self.problems
+            or any(stack.error for stack in self.stacks)
+            or self.decisions.held
+            or self.decisions.deletion_budget
+        )
 
     @computed_field  # type: ignore[prop-decorator]
     @property

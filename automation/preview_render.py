@@ -20,6 +20,7 @@ def render_text(report: PreviewReport) -> str:
         if stack.resource_changes:
             lines.append(f"  resources: {_counts(stack.resource_changes)}")
         lines.extend(f"  skipped {key}: {why}" for key, why in sorted(stack.skipped.items()))
+    lines.extend(f"{word}: {text}" for word, text in _decision_lines(report))
     lines.extend(f"problem: {problem}" for problem in report.problems)
     lines.append(_summary(report))
     return "\n".join(lines)
@@ -34,9 +35,22 @@ def render_markdown(report: PreviewReport) -> str:
         lines.append(f"| `{_cell(stack.name)}` | {stack.operation} | {counts} | {_result(stack)} |")
     for stack in report.stacks:
         lines += ["", *_details(stack)]
+    decisions = _decision_lines(report)
+    if decisions:
+        lines += ["", "**Decisions**", "", *(f"- **{word}** {_cell(text)}" for word, text in decisions)]
     if report.problems:
         lines += ["", "**Problems**", "", *(f"- {_cell(problem)}" for problem in report.problems)]
     return "\n".join(lines) + "\n"
+
+
+def _decision_lines(report: PreviewReport) -> list[tuple[str, str]]:
+    """Held, refused, deleted, left alone, and a removal the deletion budget would stop."""
+    d = report.decisions
+    lines = [("stopped", d.deletion_budget)] if d.deletion_budget else []
+    lines += [("held", f"{key}: {why}") for key, why in sorted(d.held.items())]
+    lines += [("deleted", f"{key}: removed from a complete read of the manifests") for key in d.deleted]
+    lines += [("left alone", f"stack {name}: {why}") for name, why in sorted(d.foreign.items())]
+    return lines
 
 
 # --- pieces ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any
 
 import typer
 
+from automation.deletion_budget import DeletionBudget
 from automation.engine import Engine
 from automation.errors import ProxyOperatorError
 from automation.inspect import StackDetail, StackInspector, StackNotFoundError, StackSummary
@@ -35,11 +36,25 @@ def preview_manifests(
 ) -> PreviewReport:
     """Load a (validated) manifests folder and preview the stacks it would change."""
     source = DirectorySource(manifests)
-    source.poll()
+    read = source.poll()
     desired = DesiredState(
-        catalogue=source.catalogue or ProviderCatalogue(), proxies=source.proxies(), credentials=source
+        catalogue=source.catalogue or ProviderCatalogue(),
+        proxies=source.proxies(),
+        credentials=source,
+        complete=read.complete,
+        held={key: f"{hold.reason}: {hold.message}" for key, hold in read.held.items()},
     )
-    return preview(Engine(settings.engine_config()), desired, all_stacks=all_stacks)
+    return preview(
+        Engine(settings.engine_config()),
+        desired,
+        all_stacks=all_stacks,
+        # Ownership is judged only when the installation is named (CI: PROXY_OPERATOR_INSTALLATION);
+        # a preview changes nothing either way.
+        installation=settings.installation,
+        budget=DeletionBudget(
+            max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
+        ),
+    )
 
 
 def inspector(state_dir: Path | None) -> StackInspector:
@@ -109,10 +124,8 @@ def preview_command(
     if as_json and markdown:
         raise typer.BadParameter("choose one of --json and --markdown")
     report = validate_manifests(manifests)
-    if not report.ok:
-        for problem in report.problems:
-            typer.echo(str(problem), err=True)
-        raise _fail(report.summary())
+    for problem in report.problems:
+        typer.echo(str(problem), err=True)  # the preview still runs: it shows what the problems hold back
     settings = command_settings(state_dir=state_dir)
     try:
         with setup_errors():
@@ -121,6 +134,8 @@ def preview_command(
         raise _fail(f"{exc.reason}: {exc.message}") from exc
     render = render_json if as_json else render_markdown if markdown else render_text
     typer.echo(render(result))
+    if not report.ok:
+        raise _fail(report.summary())
     raise typer.Exit(0 if result.ok else 1)
 
 

@@ -351,6 +351,22 @@ class Controller:
             key, type_=ConditionType.HELD, true=True, reason=hold.reason, message=hold.message, warning=True
         )
 
+    def _hold_or_fail(self, key: str, hold: Hold) -> None:
+        """A version that could not be used: held when an earlier one runs or is planned, else Failed."""
+        if self.planner.is_applied(key):
+            self._hold(key, Hold(hold.reason, f"{hold.message}; its applied version keeps running"))
+        elif self.planner.current(key) is not None:
+            self._hold(key, Hold(hold.reason, f"{hold.message}; its last valid version is used"))
+        else:
+            self.status.set_condition(
+                key,
+                type_=ConditionType.PROVISIONED,
+                true=False,
+                reason=hold.reason,
+                message=hold.message,
+                warning=True,
+            )
+
     def _unhold(self, key: str) -> None:
         if self.status.get(key).conditions and _condition(self.status, key, ConditionType.HELD) == "True":
             self.status.set_condition(
@@ -363,7 +379,7 @@ class Controller:
 
     def _report_source_holds(self, change: SourceChange) -> None:
         for key, hold in change.held.items():
-            self._hold(key, hold)
+            self._hold_or_fail(key, hold)
         for key in set(self._source_holds) - set(change.held):
             if key not in self._pending_deletions and self.planner.held_version(key) is None:
                 self._unhold(key)
@@ -381,7 +397,7 @@ class Controller:
                 self._unhold(proxy.key)
             return
         if self.planner.held_version(proxy.key) is not None:
-            self._hold(proxy.key, Hold(error.reason, error.message + "; its last applied version stays"))
+            self._hold_or_fail(proxy.key, Hold(error.reason, error.message))
             return
         self.status.set_condition(
             proxy.key,

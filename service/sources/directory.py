@@ -128,7 +128,7 @@ class DirectorySource:
                 change.upserts.append(located.obj)
         for key, problem in invalid.items():
             self._files[key] = problem.file
-            change.held[key] = Hold(Reason.INVALID_SPEC, f"{problem}; its last applied version stays")
+            change.held[key] = Hold(Reason.INVALID_SPEC, str(problem))
         seen = {located.obj.key for located in found.proxies} | set(invalid)
         for key in sorted(self._known() - seen):
             if change.complete:
