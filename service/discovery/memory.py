@@ -1,30 +1,52 @@
 """In-memory store for one replica: plain dicts under one lock, so every decision is atomic.
 
-LRU order is an OrderedDict of every proxy ever offered (front = least recently handed out); a lease walks it
-from the front and usually stops after a few keys, so a lease costs O(count) in the common case, not O(fleet).
+LRU order is a `HandOutOrder` of every proxy ever offered (front = least recently handed out); a lease walks
+it from the front and usually stops after a few keys, so a lease costs O(count) in the common case, not
+O(fleet).
+The uncommon case is a long run of proxies at the front that this client may not have for this target (banned
+there, or all held because the fleet turns over faster than the cooldown): the walk remembers where that run
+ended and until when all of it stays ineligible (a `_Resume`), and the next lease for the same client and
+target starts after it. A release, renewal or good report that could end the run sooner forgets it.
 """
 
 from __future__ import annotations
 
 import heapq
 import threading
-from collections import OrderedDict
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 
+from service.discovery.handout_order import HandOutOrder
 from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
 
 # Expired entries are swept at most this often (store-clock seconds); leases stay readable this long
 # after expiry, so late reports still find them.
 SWEEP_EVERY = 60.0
 LEASE_GRACE = 3600.0
+RESUME_AFTER = 16  # a walk remembers an ineligible run at the front once it is this long
+NO_PENALTY = (0.0, 0)
+INFINITY = float("inf")
+
+
+@dataclass(frozen=True)
+class _Resume:
+    """Every candidate before `position` in the walk of this order is ineligible for its client and target
+    until `until`, as long as the candidates and the order's epoch are the same and no good report forgave
+    a penalty for the target since (`forgiven`)."""
+
+    candidates: Collection[str]
+    epoch: int
+    position: int
+    until: float
+    forgiven: int
 
 
 class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._lru: OrderedDict[str, None] = OrderedDict()
-        self._used: dict[str, int] = {}  # proxy -> hand-out number, to order small candidate sets
-        self._tick = 0
+        self._lru = HandOutOrder()
+        self._resume: dict[tuple[str, str], _Resume] = {}  # (client, target) -> where its walk resumes
+        self._forgiven: dict[str, int] = {}  # target -> good reports that removed a penalty
         self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
         self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
         self._leases: dict[str, LeaseRecord] = {}
@@ -40,30 +62,69 @@ class MemoryStore:
             return self._acquire(request, now)
 
     def _acquire(self, request: AcquireRequest, now: float) -> Acquired:
-        held = self._hold.setdefault((request.client, request.target), {})
+        pair = (request.client, request.target)
+        held = self._hold.setdefault(pair, {})
         penalised = self._penalty.get(request.target, {})
+        candidates, ignore_cooldown = request.candidates, request.ignore_cooldown
+        walk = len(candidates) * 8 >= len(self._lru)
+        resume = self._resumable(pair, candidates, now) if walk and not ignore_cooldown else None
+        run_end, run_until = (resume.position, resume.until) if resume else (-1, INFINITY)
+        earliest = run_until if run_until < INFINITY else None
         picked: list[str] = []
-        earliest: float | None = None
-        for key in self._order(request.candidates):
-            at = penalised.get(key, (0.0, 0))[0]
-            if not request.ignore_cooldown:
-                at = max(at, held.get(key, 0.0))
-            if at <= now:
-                picked.append(key)
-                if len(picked) == request.count:
-                    break
-            elif earliest is None or at < earliest:
-                earliest = at
+        skipped = 0  # the ineligible run at the front, as far as this walk saw it
+        for position, key in self._order(candidates, walk=walk, start=run_end + 1):
+            at = INFINITY  # not a candidate: ineligible for as long as the candidates are these
+            if key in candidates:
+                at = penalised.get(key, NO_PENALTY)[0]
+                if not ignore_cooldown:
+                    at = max(at, held.get(key, 0.0))
+                if at <= now:
+                    picked.append(key)
+                    if len(picked) == request.count:
+                        break
+                    continue
+                if earliest is None or at < earliest:
+                    earliest = at
+            if not picked:
+                run_end, run_until, skipped = position, min(run_until, at), skipped + 1
+        if skipped >= RESUME_AFTER and walk and not ignore_cooldown:
+            self._remember(pair, candidates, position=run_end, until=run_until)
+        return Acquired(leases=self._hand_out(request, picked, held=held, now=now), earliest=earliest)
+
+    def _hand_out(
+        self, request: AcquireRequest, picked: list[str], *, held: dict[str, float], now: float
+    ) -> list[LeaseRecord]:
         leases = [
             self._lease(request, key=key, lease_id=lid, now=now)
             for key, lid in zip(picked, request.lease_ids, strict=False)
         ]
         for lease in leases:
             held[lease.proxy] = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
-            self._lru.move_to_end(lease.proxy)
-            self._tick += 1
-            self._used[lease.proxy] = self._tick
-        return Acquired(leases=leases, earliest=earliest)
+            self._lru.touch(lease.proxy)
+        return leases
+
+    def _resumable(self, pair: tuple[str, str], candidates: Collection[str], now: float) -> _Resume | None:
+        resume = self._resume.get(pair)
+        if (
+            resume is None
+            or resume.candidates is not candidates
+            or resume.epoch != self._lru.epoch
+            or resume.until <= now
+            or resume.forgiven != self._forgiven.get(pair[1], 0)
+        ):
+            return None
+        return resume
+
+    def _remember(
+        self, pair: tuple[str, str], candidates: Collection[str], *, position: int, until: float
+    ) -> None:
+        self._resume[pair] = _Resume(
+            candidates=candidates,
+            epoch=self._lru.epoch,
+            position=position,
+            until=until,
+            forgiven=self._forgiven.get(pair[1], 0),
+        )
 
     def _lease(self, request: AcquireRequest, *, key: str, lease_id: str, now: float) -> LeaseRecord:
         lease = LeaseRecord(
@@ -78,20 +139,18 @@ class MemoryStore:
         heapq.heappush(self._lease_gc, (lease.expires_at + LEASE_GRACE, lease_id))
         return lease
 
-    def _order(self, candidates: Collection[str]) -> Iterable[str]:
-        """Candidates, least recently used first: walk the LRU for big sets, sort small ones (a session's)."""
-        if len(candidates) * 8 < len(self._lru):
-            return sorted(candidates, key=lambda k: (self._used.get(k, -1), k))
-        return (key for key in self._lru if key in candidates)
+    def _order(self, candidates: Collection[str], *, walk: bool, start: int) -> Iterable[tuple[int, str]]:
+        """(position, candidate), least recently used first: walk the LRU for big sets, sort small ones (a
+        session's, a small pool's)."""
+        if walk:
+            return self._lru.walk(start)
+        return sorted((self._lru.position(key), key) for key in candidates)
 
     def _learn(self, candidates: Collection[str]) -> None:
         # New proxies go to the front: never used is the least recently used.
         if candidates is self._last_candidates:
             return
-        new = sorted((key for key in candidates if key not in self._lru), reverse=True)
-        for key in new:  # ties among the never used go by key, as in the Redis store
-            self._lru[key] = None
-            self._lru.move_to_end(key, last=False)
+        self._lru.learn(candidates)
         if len(candidates) > 64:  # remember big sets only: a session's one-proxy set must not evict them
             self._last_candidates = candidates
 
@@ -106,6 +165,7 @@ class MemoryStore:
             held = self._hold.get((lease.client, lease.target), {})
             if held.get(lease.proxy) == lease.expires_at:
                 held[lease.proxy] = max(lease.handed_at + cooldown, now)
+                self._resume.pop((lease.client, lease.target), None)
             released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
             self._leases[lease_id] = released
             return released
@@ -120,6 +180,7 @@ class MemoryStore:
             current = held.get(lease.proxy, 0.0)
             if current == lease.expires_at or current < until:  # the hold is this lease's (or shorter)
                 held[lease.proxy] = max(lease.handed_at + cooldown, until)
+                self._resume.pop((lease.client, lease.target), None)
             renewed = LeaseRecord(**{**lease.__dict__, "expires_at": until})
             self._leases[lease_id] = renewed
             heapq.heappush(self._lease_gc, (until + LEASE_GRACE, lease_id))
@@ -137,7 +198,8 @@ class MemoryStore:
 
     async def forgive(self, *, proxy: str, target: str) -> None:
         with self._lock:
-            self._penalty.get(target, {}).pop(proxy, None)
+            if self._penalty.get(target, {}).pop(proxy, None) is not None:
+                self._forgiven[target] = self._forgiven.get(target, 0) + 1
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
         with self._lock:
@@ -174,6 +236,8 @@ class MemoryStore:
                 del self._hold[pair]
         for pair in [p for p, (_, until) in self._sessions.items() if until <= now]:
             del self._sessions[pair]
+        for pair in [p for p, r in self._resume.items() if r.until <= now or r.epoch != self._lru.epoch]:
+            del self._resume[pair]
         while self._lease_gc and self._lease_gc[0][0] <= now:
             lease_id = heapq.heappop(self._lease_gc)[1]
             lease = self._leases.get(lease_id)
