@@ -22,6 +22,8 @@ LEASE_GRACE = 3600.0
 SMALL_SET = 64  # up to this many candidates travel with the call; larger sets are uploaded once by digest
 CANDIDATE_SET_TTL_MS = 600_000
 STRIKES_KEEP = 7 * 86400.0
+MAX_CONNECTIONS = 32  # Redis runs one command at a time: more connections add only its overhead
+POOL_TIMEOUT_SECONDS = 10.0
 
 
 def _f(value: float) -> str:
@@ -46,7 +48,12 @@ class RedisStore:
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "proxy-operator", small_set: int = SMALL_SET) -> RedisStore:
-        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix=prefix, small_set=small_set)
+        """A client whose requests queue for one of `MAX_CONNECTIONS` connections (redis-py's default pool
+        raises `Too many connections` past 100 requests in flight: a 500 under load)."""
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, max_connections=MAX_CONNECTIONS, timeout=POOL_TIMEOUT_SECONDS
+        )
+        return cls(aioredis.Redis.from_pool(pool), prefix=prefix, small_set=small_set)
 
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
         if len(request.candidates) <= self._small_set:
