@@ -106,7 +106,7 @@ class Reconciler:
     async def load_stack(self, name: str) -> list[Proxy]:
         """Check the stack is ours and read what it last applied into the planner (once per stack).
         Returns the applied proxies. Raises StackNotOwnedError for a stack we must not touch."""
-        if name not in self._owned:
+        if self._owned.get(name) in (None, Ownership.UNCLAIMED):  # unclaimed: our catalogue may name it now
             self._owned[name] = await self._claim(name)
         if self._owned[name] in (Ownership.FOREIGN, Ownership.UNCLAIMED):
             tags = await asyncio.to_thread(self.engine.stack_tags, name)

@@ -82,7 +82,9 @@ class Controller:
     # --- driving ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """First load: what the backend applied, then the source; every known stack is submitted once."""
+        """First load: the source (for the catalogue that ownership is judged by), what the backend applied,
+        the source again (absence judged against what runs); every known stack is submitted once."""
+        self.sync()
         await self._load_backend()
         self.sync()
         await self._submit_known_stacks()
@@ -106,6 +108,10 @@ class Controller:
             log.error("cannot list the stacks of the backend: %s", exc.message)
             return
         self._backend_seen = True
+        for key in sorted(self.planner.rejected):  # a rejected proxy may run an applied version after all
+            current = self.planner.current(key)
+            if current is not None:
+                self._report_validity(current)
 
     async def _submit_known_stacks(self) -> None:
         """Submit every stack of ours -- once the backend was read and there is a catalogue to judge by."""
@@ -114,7 +120,8 @@ class Controller:
         if self.source.catalogue is None:
             log.error("no provider catalogue in the manifests yet: no stack is reconciled until there is one")
             return
-        for name in sorted(self.planner.stacks() - self._foreign):
+        # A foreign stack our catalogue names is submitted too: its run fails, naming the owner, on our proxies.
+        for name in sorted(self.planner.stacks()):
             self.queue.submit(name, generation_hint=self._hint(name))
 
     def sync(self) -> set[str]:
@@ -132,7 +139,7 @@ class Controller:
         if change.catalogue is not None or change.upserts or change.deletions or change.held:
             self._report_source_holds(change)
         if self._backend_seen and self.source.catalogue is not None:
-            for name in sorted(dirty - self._foreign):
+            for name in sorted(dirty):
                 self.queue.submit(name, generation_hint=self._hint(name))
         if not change.empty:
             self.inventory.mark_loaded()
@@ -206,7 +213,7 @@ class Controller:
             return False
         dirty = self._apply_deletions([])
         if self._backend_seen:
-            for name in sorted(dirty - self._foreign):
+            for name in sorted(dirty):
                 self.queue.submit(name, generation_hint=self._hint(name))
         return True
 
