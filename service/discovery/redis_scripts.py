@@ -2,6 +2,11 @@
 
 Numbers go in and out as strings ("%.6f"): Redis turns a Lua number reply into an integer, which would cut
 timestamps. Lease keys are derived inside the scripts, so the store needs one Redis, not a Redis Cluster.
+
+Resuming a walk (as the memory store does): `P:skip:<target>` maps a client to the last member of the run of
+ineligible proxies its last walk found at the front of the LRU, with that member's LRU score, the time the
+first of them becomes eligible ('' when none is a candidate) and the candidate set it was found for. The next
+walk for that client and target starts after it. Release, renew and a forgiven penalty delete it.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ for i = 1, math.min(count, #eligible) do picked[i] = eligible[i][2] end
     + _HAND_OUT
 )
 
-# KEYS: lease key; ARGV: now, cooldown, hold key prefix
+# KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix
 RELEASE = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
 if not f[1] then return '' end
@@ -81,12 +86,13 @@ local hold = ARGV[3] .. f[1] .. '|' .. f[2]
 local cur = redis.call('ZSCORE', hold, f[3])
 if cur and tonumber(cur) == tonumber(f[6]) then
   redis.call('ZADD', hold, string.format('%.6f', math.max(tonumber(f[4]) + cooldown, now)), f[3])
+  redis.call('HDEL', ARGV[4] .. f[2], f[1])
 end
 redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', now))
 return 'ok'
 """
 
-# KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace
+# KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix
 # The lease ends at now + ttl; its hold follows when it is this lease's (or shorter), as in the memory store.
 RENEW = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -100,6 +106,7 @@ if cur == nil or cur == tonumber(f[6]) or cur < untl then
   local held = math.max(tonumber(f[4]) + cooldown, untl)
   redis.call('ZADD', hold, string.format('%.6f', held), f[3])
   redis.call('HSET', KEYS[1], 'hold', string.format('%.6f', held))
+  redis.call('HDEL', ARGV[6] .. f[2], f[1])
   local keep = math.floor((held - now + 60) * 1000)
   if redis.call('PTTL', hold) < keep then redis.call('PEXPIRE', hold, keep) end
 end
@@ -123,38 +130,74 @@ redis.call('PEXPIRE', KEYS[2], math.floor(tonumber(ARGV[7]) * 1000))
 return {string.format('%.6f', untl), tostring(strikes)}
 """
 
+# KEYS: penalty zset (target), strikes hash (proxy), skip hash (target); ARGV: proxy, target
+FORGIVE = r"""
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('DEL', KEYS[3]) end
+redis.call('HDEL', KEYS[2], ARGV[2])
+return 'ok'
+"""
+
 # The same decision over a candidate set stored in Redis (uploaded once per distinct set, by digest), walking
-# the LRU zset from its oldest member, so a lease costs O(chunk) and not O(fleet) in the common case.
-# KEYS: hold zset, penalty zset, lru zset, candidate set
+# the LRU zset from its oldest member (or after the ineligible run the last walk for this client and target
+# found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case.
+# KEYS: hold zset, penalty zset, lru zset, candidate set, skip hash (target)
 # ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids, ids...
 ACQUIRE_FROM_SET = (
     r"""
-local hold, pen, lru, cand = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local hold, pen, lru, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
 redis.call('PEXPIRE', cand, 600000)
 """
     + _ARGS
     + r"""
-local picked, earliest = {}, nil
-local total, pos, CHUNK = redis.call('ZCARD', lru), 0, 256
-while #picked < count and pos < total do
-  local chunk = redis.call('ZRANGE', lru, pos, pos + CHUNK - 1)
-  pos = pos + CHUNK
-  if #chunk == 0 then break end
-  local member = redis.call('SMISMEMBER', cand, unpack(chunk))
-  local h = redis.call('ZMSCORE', hold, unpack(chunk))
-  local p = redis.call('ZMSCORE', pen, unpack(chunk))
-  for i = 1, #chunk do
+local pos, earliest, run_until = 0, nil, nil
+local saved = (not ignore_cd) and redis.call('HGET', skips, client)
+if saved then
+  local r = cjson.decode(saved)  -- {member, its score, eligible-from or '', candidate set}
+  if r[4] == cand and (r[3] == '' or tonumber(r[3]) > now) then
+    if redis.call('ZSCORE', lru, r[1]) == r[2] then
+      pos = redis.call('ZRANK', lru, r[1]) + 1
+    else  -- handed out since (to someone else): all older than it are still in the run
+      pos = redis.call('ZCOUNT', lru, '-inf', '(' .. r[2])
+    end
+    if r[3] ~= '' then earliest, run_until = tonumber(r[3]), tonumber(r[3]) end
+  end
+end
+local picked, skipped, last, last_score, size = {}, 0, nil, nil, 16
+while #picked < count do
+  local chunk = redis.call('ZRANGE', lru, pos, pos + size - 1, 'WITHSCORES')
+  local n = #chunk / 2
+  if n == 0 then break end
+  pos = pos + n
+  local members = {}
+  for i = 1, n do members[i] = chunk[2 * i - 1] end
+  local member = redis.call('SMISMEMBER', cand, unpack(members))
+  local h = ignore_cd and {} or redis.call('ZMSCORE', hold, unpack(members))
+  local p = redis.call('ZMSCORE', pen, unpack(members))
+  for i = 1, n do
+    local at = nil  -- nil: not a candidate
     if member[i] == 1 then
-      local at = tonumber(p[i]) or 0
+      at = tonumber(p[i]) or 0
       if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
-      if at <= now then
-        if #picked < count then picked[#picked + 1] = chunk[i] end
-      elseif earliest == nil or at < earliest then
-        earliest = at
+    end
+    if at and at <= now then
+      if #picked < count then picked[#picked + 1] = members[i] end
+    else
+      if at and (earliest == nil or at < earliest) then earliest = at end
+      if #picked == 0 then
+        skipped, last, last_score = skipped + 1, members[i], chunk[2 * i]
+        if at and (run_until == nil or at < run_until) then run_until = at end
       end
     end
   end
+  if n < size then break end
+  size = math.min(size * 2, 1024)
+end
+if skipped >= 16 and not ignore_cd then
+  local untl = run_until and string.format('%.6f', run_until) or ''
+  redis.call('HSET', skips, client, cjson.encode({last, last_score, untl, cand}))
+  local keep = math.floor(((run_until or now + 600) - now + 60) * 1000)
+  if redis.call('PTTL', skips) < keep then redis.call('PEXPIRE', skips, keep) end
 end
 """
     + _HAND_OUT

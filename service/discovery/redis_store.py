@@ -2,7 +2,8 @@
 
 Keys (prefix P): `P:hold:<client>|<target>` zset proxy -> held-until, `P:pen:<target>` zset proxy ->
 penalised-until, `P:strikes:<proxy>` hash target -> bans since the last good report, `P:lru` zset proxy ->
-last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash. Every key carries a TTL.
+last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash, `P:skip:<target>` hash client -> where
+its next walk of the LRU resumes (see redis_scripts.py). Every key but `P:lru` carries a TTL.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ class RedisStore:
         self._release = client.register_script(redis_scripts.RELEASE)
         self._renew = client.register_script(redis_scripts.RENEW)
         self._penalise = client.register_script(redis_scripts.PENALISE)
+        self._forgive = client.register_script(redis_scripts.FORGIVE)
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
         self._digests: dict[frozenset[str], str] = {}
         self._uploaded: set[str] = set()
@@ -64,7 +66,8 @@ class RedisStore:
         for _ in range(2):  # the set may have expired in Redis since this process uploaded it: upload again
             cand = await self._candidate_key(frozen)
             out = await self._acquire_set(
-                keys=[*self._keys(request), cand], args=self._args(request, now=now)
+                keys=[*self._keys(request), cand, self._skip_key(request.target)],
+                args=self._args(request, now=now),
             )
             if out[0] != "nocand":
                 return self._acquired(out, request=request, now=now)
@@ -157,12 +160,13 @@ class RedisStore:
 
     async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
         out = await self._release(
-            keys=[f"{self._p}:lease:{lease_id}"], args=[_f(now), _f(cooldown), f"{self._p}:hold:"]
+            keys=[f"{self._p}:lease:{lease_id}"],
+            args=[_f(now), _f(cooldown), f"{self._p}:hold:", f"{self._p}:skip:"],
         )
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
     async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
-        args = [_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE)]
+        args = [_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE), f"{self._p}:skip:"]
         out = await self._renew(keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
@@ -176,10 +180,8 @@ class RedisStore:
         return Penalty(target=target, until=float(until), strikes=int(strikes))
 
     async def forgive(self, *, proxy: str, target: str) -> None:
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.zrem(f"{self._p}:pen:{target}", proxy)
-            pipe.hdel(f"{self._p}:strikes:{proxy}", target)
-            await pipe.execute()
+        keys = [f"{self._p}:pen:{target}", f"{self._p}:strikes:{proxy}", self._skip_key(target)]
+        await self._forgive(keys=keys, args=[proxy, target])
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
         strikes = cast(dict[str, str], await self._r.hgetall(f"{self._p}:strikes:{proxy}"))
@@ -218,6 +220,9 @@ class RedisStore:
 
     def _hold_key(self, client: str, target: str) -> str:
         return f"{self._p}:hold:{client}|{target}"
+
+    def _skip_key(self, target: str) -> str:
+        return f"{self._p}:skip:{target}"
 
     def _session_key(self, client: str, session: str) -> str:
         return f"{self._p}:sess:{client}|{session}"
