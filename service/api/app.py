@@ -9,7 +9,7 @@ from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 
 from service.api.deps import ApiContext, DeletionGate, ReadyCheck, StackInspector
-from service.api.errors import install_error_handlers
+from service.api.errors import install_error_handlers, responses
 from service.api.fast_lease import LeaseFastPath
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
@@ -71,5 +71,8 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     app.include_router(probes.router)  # probes take what kubelets and Prometheus send
     for module in (echo, whoami, proxies, leases, reports, stacks, status, deletions_router):
-        app.include_router(module.router, dependencies=[Depends(refuse_unknown_query)])
+        # An unknown query parameter is a 422 on every route: declared, so /openapi.json tells the truth.
+        app.include_router(
+            module.router, dependencies=[Depends(refuse_unknown_query)], responses=responses(422)
+        )
     return app
