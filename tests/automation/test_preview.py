@@ -42,6 +42,15 @@ def desired(manifests: Path) -> DesiredState:
     return DesiredState(catalogue=source.catalogue, proxies=source.proxies(), credentials=source)
 
 
+def backend_files(backend: Path) -> dict[str, tuple[int, int]]:
+    """Every file of a file backend: path -> (size, mtime in ns)."""
+    return {
+        str(path.relative_to(backend)): (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in backend.rglob("*")
+        if path.is_file()
+    }
+
+
 def only(report: PreviewReport) -> StackPreview:
     assert [stack.name for stack in report.stacks] == ["local"]
     return report.stacks[0]
@@ -49,14 +58,18 @@ def only(report: PreviewReport) -> StackPreview:
 
 @pytest.mark.engine
 def test_preview_through_create_apply_change_and_emptying(
-    example: LocalExample, settings: OperatorSettings
+    example: LocalExample, settings: OperatorSettings, pulumi_env: PulumiEnv
 ) -> None:
     engine = Engine(settings.engine_config())
     try:
-        # A fresh backend: every proxy would be created, and the preview leaves no stack behind.
+        # A fresh backend: every proxy would be created, and the preview writes nothing to the backend:
+        # the stack that does not exist yet is previewed elsewhere (not created here and removed again).
+        engine.list_stack_names()  # the first use of a file backend writes its .pulumi/meta.yaml
+        before = backend_files(pulumi_env.backend_dir)
         fresh = only(preview(engine, desired(example.manifests)))
         assert (fresh.operation, fresh.previewed, fresh.applied_hash) == ("up", True, None)
         assert fresh.proxies == ProxyChanges(create=example.keys)
+        assert backend_files(pulumi_env.backend_dir) == before
         assert engine.list_stack_names() == []
 
         applied = asyncio.run(apply_once(settings, example.manifests))
