@@ -132,6 +132,10 @@ class Reconciler:
             self._drift_due.add(name)
         return applied
 
+    def applied_outputs(self, name: str) -> dict[str, Any]:
+        """The outputs of the stack's last successful `up` (empty before `load_stack`)."""
+        return self._outputs.get(name, {})
+
     def owns(self, name: str) -> bool | None:
         """Whether the stack was found ours (None: not checked yet)."""
         verdict = self._owned.get(name)

@@ -102,6 +102,7 @@ class Controller:
                     self._foreign.add(name)
                     continue
                 self.source.track(applied)
+                self._publish_applied(name, applied)
         except ProxyOperatorError as exc:
             # The backend is unreachable or refuses us (credentials, passphrase): nothing is planned
             # without what it holds; tried again at the next poll.
@@ -120,7 +121,7 @@ class Controller:
         if self.source.catalogue is None:
             log.error("no provider catalogue in the manifests yet: no stack is reconciled until there is one")
             return
-        # A foreign stack our catalogue names is submitted too: its run fails, naming the owner, on our proxies.
+        # A foreign stack our catalogue names is submitted too: its run fails, naming the owner.
         for name in sorted(self.planner.stacks()):
             self.queue.submit(name, generation_hint=self._hint(name))
 
@@ -226,6 +227,18 @@ class Controller:
     def _hint(self, name: str) -> object:
         plan = self.planner.plan(name)
         return (plan.spec_hash, tuple(p.key for p in plan.deleting), tuple(p.key for p in plan.forget))
+
+    def _publish_applied(self, name: str, applied: list[Proxy]) -> None:
+        """What a stack's outputs say runs is known (and served once probes pass) before any run: a fault
+        that blocks every run, such as a missing catalogue, must not take running proxies out of discovery."""
+        outputs = self.reconciler.applied_outputs(name)
+        published = outputs.get("proxies") or {}
+        credentials = outputs.get("credentials") or {}
+        for proxy in applied:
+            out = published.get(proxy.key)
+            if out and out.get("host") and self.inventory.get(proxy.key) is None:
+                creds = credentials.get(proxy.key) or {}
+                self.inventory.upsert(_endpoint(proxy, stack=name, out=out, creds=creds))
 
     # --- deletions --------------------------------------------------------------------------------------
 
@@ -393,6 +406,10 @@ class Controller:
         self._source_holds = dict(change.held)
 
     def _report_validity(self, proxy: Proxy) -> None:
+        if self.source.catalogue is None:
+            why = "no provider catalogue in the manifests: nothing is reconciled until there is one"
+            self._hold_or_fail(proxy.key, Hold(Reason.MANIFEST_UNREADABLE, why))
+            return
         if is_deleting(proxy):
             if proxy.key in self._pending_deletions:
                 return  # held by the deletion budget: reported there

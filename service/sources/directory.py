@@ -158,12 +158,22 @@ class DirectorySource:
         return leaving
 
     def _absent_hold(self, key: str, problems: list[Problem]) -> Hold:
+        """Why an absent proxy is held: it may sit in a file that cannot be read, or the read was not
+        complete for another reason (no catalogue, a Proxy without a name)."""
         file = self._files.get(key)
-        broken = next((p for p in problems if file is not None and p.file == file and p.obj == "file"), None)
-        if broken is not None:
+        broken = [p for p in problems if p.obj == "file"]
+        own = next((p for p in broken if p.file == file), None)
+        if own is not None:
             return Hold(
                 Reason.MANIFEST_UNREADABLE,
-                f"{file} cannot be read ({broken.message}); its last applied version stays until it does",
+                f"{file} cannot be read ({own.message}); its last applied version stays until it does",
+            )
+        if broken:
+            files = "; ".join(f"{p.file}: {p.message}" for p in broken)
+            return Hold(
+                Reason.MANIFEST_UNREADABLE,
+                f"not found in the manifests that could be read, and these could not: {files}. Absence is "
+                "not a deletion until every file reads; fix them, then remove the Proxy if you mean to",
             )
         first = next((p for p in problems if _blocks_completeness(p)), None)
         why = str(first) if first is not None else "the manifests were not read completely"
