@@ -130,6 +130,13 @@ redis.call('PEXPIRE', KEYS[2], math.floor(tonumber(ARGV[7]) * 1000))
 return {string.format('%.6f', untl), tostring(strikes)}
 """
 
+# KEYS: session hash; ARGV: proxy, idle until, key lifetime (ms)
+BIND_SESSION = r"""
+redis.call('HSET', KEYS[1], 'proxy', ARGV[1], 'until', ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return 'ok'
+"""
+
 # KEYS: penalty zset (target), strikes hash (proxy), skip hash (target); ARGV: proxy, target
 FORGIVE = r"""
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('DEL', KEYS[3]) end

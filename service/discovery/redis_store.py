@@ -11,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
-from typing import cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from service.discovery import redis_scripts
+from service.discovery.redis_pipe import RedisPipe
 from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
 
 LEASE_GRACE = 3600.0
@@ -43,6 +45,8 @@ class RedisStore:
         self._renew = client.register_script(redis_scripts.RENEW)
         self._penalise = client.register_script(redis_scripts.PENALISE)
         self._forgive = client.register_script(redis_scripts.FORGIVE)
+        self._bind = client.register_script(redis_scripts.BIND_SESSION)
+        self._pipe = RedisPipe.for_client(client)  # the per-request commands; redis-py for the rest
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
         self._digests: dict[frozenset[str], str] = {}
         self._uploaded: set[str] = set()
@@ -65,7 +69,8 @@ class RedisStore:
         )
         for _ in range(2):  # the set may have expired in Redis since this process uploaded it: upload again
             cand = await self._candidate_key(frozen)
-            out = await self._acquire_set(
+            out = await self._run(
+                self._acquire_set,
                 keys=[*self._keys(request), cand, self._skip_key(request.target)],
                 args=self._args(request, now=now),
             )
@@ -141,11 +146,16 @@ class RedisStore:
 
     async def _acquire_listed(self, request: AcquireRequest, *, now: float) -> Acquired:
         args = [*self._args(request, now=now), *request.candidates]
-        out = await self._acquire(keys=self._keys(request), args=args)
+        out = await self._run(self._acquire, keys=self._keys(request), args=args)
         return self._acquired(out, request=request, now=now)
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
-        fields = cast(dict[str, str], await self._r.hgetall(f"{self._p}:lease:{lease_id}"))  # decoded
+        key = f"{self._p}:lease:{lease_id}"
+        if self._pipe is None:
+            fields = cast(dict[str, str], await self._r.hgetall(key))  # decoded
+        else:
+            flat = await self._pipe.call("HGETALL", key)
+            fields = dict(zip(flat[::2], flat[1::2], strict=True))
         if not fields:
             return None
         return LeaseRecord(
@@ -159,7 +169,8 @@ class RedisStore:
         )
 
     async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
-        out = await self._release(
+        out = await self._run(
+            self._release,
             keys=[f"{self._p}:lease:{lease_id}"],
             args=[_f(now), _f(cooldown), f"{self._p}:hold:", f"{self._p}:skip:"],
         )
@@ -167,13 +178,14 @@ class RedisStore:
 
     async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
         args = [_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE), f"{self._p}:skip:"]
-        out = await self._renew(keys=[f"{self._p}:lease:{lease_id}"], args=args)
+        out = await self._run(self._renew, keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
     async def penalise(
         self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
     ) -> Penalty:
-        until, strikes = await self._penalise(
+        until, strikes = await self._run(
+            self._penalise,
             keys=[f"{self._p}:pen:{target}", f"{self._p}:strikes:{proxy}"],
             args=[proxy, target, _f(now), _f(base), _f(cap), f"{fraction:.12f}", _f(STRIKES_KEEP)],
         )
@@ -181,7 +193,7 @@ class RedisStore:
 
     async def forgive(self, *, proxy: str, target: str) -> None:
         keys = [f"{self._p}:pen:{target}", f"{self._p}:strikes:{proxy}", self._skip_key(target)]
-        await self._forgive(keys=keys, args=[proxy, target])
+        await self._run(self._forgive, keys=keys, args=[proxy, target])
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
         strikes = cast(dict[str, str], await self._r.hgetall(f"{self._p}:strikes:{proxy}"))
@@ -193,21 +205,25 @@ class RedisStore:
         return found
 
     async def penalty_until(self, *, proxy: str, target: str) -> float:
-        score = await self._r.zscore(f"{self._p}:pen:{target}", proxy)
+        key = f"{self._p}:pen:{target}"
+        score = await (
+            self._r.zscore(key, proxy) if self._pipe is None else self._pipe.call("ZSCORE", key, proxy)
+        )
         return float(score) if score is not None else 0.0
 
     async def get_session(self, *, client: str, session: str, now: float, idle: float) -> str | None:
-        proxy, until = await self._r.hmget(self._session_key(client, session), ["proxy", "until"])
+        key = self._session_key(client, session)
+        if self._pipe is None:
+            proxy, until = await self._r.hmget(key, ["proxy", "until"])
+        else:
+            proxy, until = await self._pipe.call("HMGET", key, "proxy", "until")
         if proxy is None or until is None or float(until) <= now:
             return None
         return str(proxy)
 
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
-        key = self._session_key(client, session)
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping={"proxy": proxy, "until": _f(now + idle)})
-            pipe.pexpire(key, int((idle + 60) * 1000))
-            await pipe.execute()
+        keys = [self._session_key(client, session)]
+        await self._run(self._bind, keys=keys, args=[proxy, _f(now + idle), str(int((idle + 60) * 1000))])
 
     async def ping(self) -> bool:
         try:
@@ -216,7 +232,14 @@ class RedisStore:
             return False
 
     async def close(self) -> None:
+        if self._pipe is not None:
+            await self._pipe.close()
         await self._r.aclose()
+
+    async def _run(self, script: AsyncScript, *, keys: list[str], args: list[str]) -> Any:
+        if self._pipe is None:
+            return await script(keys=keys, args=args)
+        return await self._pipe.script(script.sha, str(script.script), keys, args)
 
     def _hold_key(self, client: str, target: str) -> str:
         return f"{self._p}:hold:{client}|{target}"
