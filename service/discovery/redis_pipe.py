@@ -219,4 +219,3 @@ def _parse(buffer: bytes, position: int) -> tuple[Any, int] | None:
         error = NoScriptError if message.startswith("NOSCRIPT") else ResponseError
         return error(message), position
     raise RedisConnectionError(f"unexpected reply from Redis: {bytes(buffer[position - 2 :])[:40]!r}")
-
