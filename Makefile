@@ -1,4 +1,5 @@
-# The commands people type. Every target creates what it needs (virtual environment, Pulumi engine) first.
+# The commands people type. Every target creates what it needs first: system programs (Debian packages, when
+# missing), the virtual environment, the Pulumi engine.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
@@ -8,12 +9,18 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export PULUMI_SKIP_UPDATE_CHECK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install venv tools run test lint bench clean kvm-ssh-secret lock
+.PHONY: help install system-deps test-deps venv tools run test lint bench clean kvm-ssh-secret lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
-install: venv tools ## virtual environment + Pulumi CLI and Python language host under .tools/
+install: system-deps venv tools ## system programs, virtual environment, Pulumi CLI and language host
+
+system-deps: ## Python 3.11 with venv, from Debian's packages when missing (apt-get as root, else says what)
+	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh base
+
+test-deps: ## what the tests start or call: redis-server, pgrep, ssh-keygen, openssl (as system-deps)
+	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh test
 
 venv: $(STAMP) ## the virtual environment, from requirements.lock
 
@@ -29,7 +36,7 @@ tools: ## Pulumi CLI + Python language host (official bundle, else built with Go
 run: install ## provision the sample local proxies with the real engine and serve the discovery API
 	$(VENV)/bin/proxy-operator serve --manifests examples/local
 
-test: install ## run the test suite (unit tests and real-engine tests)
+test: install test-deps ## run the test suite (unit tests and real-engine tests)
 	$(PY) -m pytest
 
 lint: venv ## ruff, formatting, the layer contracts and mypy

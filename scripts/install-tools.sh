@@ -65,7 +65,7 @@ install_release() {
 
 build_cli() {
   command -v go >/dev/null ||
-    die "the official installer is unreachable and there is no Go toolchain to build the CLI with: install Go >= 1.26 (Debian: apt-get install golang-go) or allow access to get.pulumi.com"
+    die "the official installer is unreachable and there is no Go toolchain to build the CLI with: install Go >= $(sed -n "s/^go //p" "$wrapper/go.mod") (the go.mod of tools/pulumi-cli; older Debian golang-go packages are too old) or allow access to get.pulumi.com"
   say "building the Pulumi CLI v$version with $(go version | cut -d' ' -f3) from the Go module proxy (a cold build takes minutes)"
   (cd "$wrapper" && go build -trimpath \
     -ldflags "-s -w -X github.com/pulumi/pulumi/sdk/v3/go/common/version.Version=v$version" \

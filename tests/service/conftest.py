@@ -183,7 +183,7 @@ def _answers(port: int) -> bool:
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.fail("redis-server is not installed: apt-get install -y redis-server (.ci/run does it)")
+        pytest.fail("redis-server is not installed: `make test` installs it (scripts/install-system-deps.sh)")
     server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()

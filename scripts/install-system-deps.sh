@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# System programs that the make targets need, installed from Debian's packages when missing, so that
+# `make run` and `make test` work on a fresh machine with nothing installed by hand.
+#
+# usage: scripts/install-system-deps.sh base   Python 3.11 with venv (make install / make run)
+#        scripts/install-system-deps.sh test   what the tests start or call (make test)
+# As root it runs apt-get; otherwise `sudo -n apt-get` when sudo needs no password; else it stops with the
+# command to run, naming each package. Idempotent and quick: with everything present it only looks.
+set -euo pipefail
+
+say() { printf '[system] %s\n' "$*"; }
+die() { printf '[system] error: %s\n' "$*" >&2; exit 1; }
+
+python=${PYTHON:-python3.11}
+need=()   # Debian packages to install
+why=()    # one line each: program -> package, and what uses it
+
+want() {  # want PROGRAM PACKAGE WHAT-USES-IT
+  command -v "$1" >/dev/null 2>&1 && return 0
+  need+=("$2")
+  why+=("$1 (Debian package $2): $3")
+}
+
+base() {
+  want "$python" "${python}" "the virtual environment (.venv)"
+  if command -v "$python" >/dev/null 2>&1 && ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    need+=("${python}-venv")
+    why+=("$python -m venv (Debian package ${python}-venv): the virtual environment (.venv)")
+  fi
+}
+
+tests() {
+  want redis-server redis-server "the discovery store tests (tests/service/conftest.py starts one on loopback)"
+  want pgrep procps "the real-engine tests find the local proxies they started"
+  want ssh-keygen openssh-client "tests/stacks/test_kvm_ssh_secret.py makes a test key"
+  want openssl openssl "tests/service/test_health_probe.py makes a self-signed certificate"
+}
+
+case "${1:-}" in
+  base) base ;;
+  test) base; tests ;;
+  *) die "usage: $0 base|test" ;;
+esac
+((${#need[@]})) || exit 0
+
+for line in "${why[@]}"; do say "missing $line"; done
+mapfile -t packages < <(printf '%s\n' "${need[@]}" | sort -u)
+command -v apt-get >/dev/null 2>&1 ||
+  die "no apt-get here: install ${packages[*]} (or what provides them on this system) and run make again"
+if [ "$(id -u)" -eq 0 ]; then
+  apt=(apt-get)
+elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+  apt=(sudo -n apt-get)
+else
+  die "not root, and sudo asks for a password: run  sudo apt-get install -y ${packages[*]}  then make again"
+fi
+say "installing ${packages[*]} with apt-get"
+export DEBIAN_FRONTEND=noninteractive
+"${apt[@]}" update -qq || die "apt-get update failed: run  apt-get install -y ${packages[*]}  by hand"
+"${apt[@]}" install -y -qq --no-install-recommends "${packages[@]}" >/dev/null ||
+  die "apt-get install ${packages[*]} failed (see above); install them by hand and run make again"
+for package in "${packages[@]}"; do say "installed $package"; done

@@ -1,0 +1,72 @@
+"""scripts/install-system-deps.sh, run with a PATH of stand-in programs: what it installs, and what it says
+when it cannot. (The real apt-get ran on CI's fresh machines: `.ci/run` installs nothing itself.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+SCRIPT = ROOT / "scripts" / "install-system-deps.sh"
+TEST_PROGRAMS = {"redis-server", "pgrep", "ssh-keygen", "openssl"}
+
+
+def _stub(folder: Path, name: str, body: str = "exit 0") -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def _machine(tmp_path: Path, *, present: set[str], uid: int = 0) -> tuple[Path, dict[str, str]]:
+    """A bin folder with the given programs, apt-get recording its calls, `id -u` printing uid."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("sort", "cat"):  # what the script itself calls besides bash builtins
+        os.symlink(shutil.which(tool) or f"/usr/bin/{tool}", bin_dir / tool)
+    for name in present | {"python3.11"}:
+        _stub(bin_dir, name)
+    log = tmp_path / "apt.log"
+    _stub(bin_dir, "apt-get", f'echo "$*" >> {log}')
+    _stub(bin_dir, "id", f"echo {uid}")
+    return log, {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+
+
+def _run(env: dict[str, str], group: str) -> subprocess.CompletedProcess[str]:
+    bash = shutil.which("bash") or "/bin/bash"
+    return subprocess.run([bash, str(SCRIPT), group], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_nothing_missing_does_nothing(tmp_path: Path) -> None:
+    log, env = _machine(tmp_path, present=TEST_PROGRAMS)
+    result = _run(env, "test")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    assert not log.exists()
+
+
+def test_missing_test_programs_are_installed_as_root(tmp_path: Path) -> None:
+    log, env = _machine(tmp_path, present={"pgrep", "openssl"})
+    result = _run(env, "test")
+    assert result.returncode == 0, result.stderr
+    assert "missing redis-server (Debian package redis-server)" in result.stdout
+    assert "missing ssh-keygen (Debian package openssh-client)" in result.stdout
+    calls = log.read_text().splitlines()
+    assert calls[0] == "update -qq"
+    assert calls[1] == "install -y -qq --no-install-recommends openssh-client redis-server"
+
+
+def test_base_does_not_install_what_only_tests_need(tmp_path: Path) -> None:
+    log, env = _machine(tmp_path, present=set())
+    assert _run(env, "base").returncode == 0
+    assert not log.exists()
+
+
+def test_without_root_it_names_the_packages_and_the_command(tmp_path: Path) -> None:
+    log, env = _machine(tmp_path, present={"pgrep", "ssh-keygen", "openssl"}, uid=1000)
+    result = _run(env, "test")
+    assert result.returncode == 1
+    assert "missing redis-server (Debian package redis-server)" in result.stdout
+    assert "sudo apt-get install -y redis-server" in result.stderr
+    assert not log.exists()
