@@ -1,4 +1,4 @@
-"""The Python plugins the Pulumi CLI starts: the language host and the dynamic-provider launcher.
+"""The Python language host: the `pulumi-language-python` plugin that the Pulumi CLI starts.
 
 The CLI runs a `runtime: python` program through a plugin called `pulumi-language-python`: it starts the
 plugin with the engine's address as the last argument, reads a port from the plugin's first line of output,
@@ -12,9 +12,6 @@ project's `main` into the program function. Differences from the Go host, on pur
 - `GetRequiredPackages` reports nothing: provider plugins are loaded when a resource first needs them, so a
   stack of `local` proxies never asks for the kubernetes or gcp plugins (which cannot be downloaded here).
 - Dependencies are the interpreter's own environment: `InstallDependencies` only says so.
-
-`dynamic_provider` is the console script `pulumi-resource-pulumi-python`: what the release bundle's shell
-launcher of the same name does (`python -u -m pulumi.dynamic`), with this interpreter.
 """
 
 from __future__ import annotations
@@ -152,12 +149,6 @@ def serve(argv: list[str]) -> int:
 def main() -> None:
     """Console script `pulumi-language-python` (and `python -m automation.engine.langhost`)."""
     sys.exit(serve(sys.argv[1:]))
-
-
-def dynamic_provider() -> None:
-    """Console script `pulumi-resource-pulumi-python`: the SDK's dynamic provider, unbuffered, in this
-    interpreter (the release bundle's launcher runs `python -u -m pulumi.dynamic`)."""
-    os.execv(sys.executable, [sys.executable, "-u", "-m", "pulumi.dynamic", *sys.argv[1:]])
 
 
 if __name__ == "__main__":
