@@ -141,6 +141,9 @@ class Reconciler:
         verdict = self._owned.get(name)
         return None if verdict is None else verdict not in (Ownership.FOREIGN, Ownership.UNCLAIMED)
 
+    def drift_check_due(self, name: str) -> bool:
+        return name in self._drift_due
+
     def request_drift_check(self, name: str) -> None:
         """Mark a stack for a drift check on its next run (the resync timer submits it to the queue)."""
         self._drift_due.add(name)

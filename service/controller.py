@@ -103,6 +103,8 @@ class Controller:
                     continue
                 self.source.track(applied)
                 self._publish_applied(name, applied)
+                if self.reconciler.drift_check_due(name):
+                    self._last_repair[name] = self._monotonic()  # its first run checks it already
         except ProxyOperatorError as exc:
             # The backend is unreachable or refuses us (credentials, passphrase): nothing is planned
             # without what it holds; tried again at the next poll.
