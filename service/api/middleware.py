@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import re
-import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -21,18 +21,25 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(HEADER, b"")
-        request_id = given.decode() if _VALID.match(given) else uuid.uuid4().hex
+        given = b""
+        for name, value in scope["headers"]:
+            if name == HEADER:
+                given = value  # the last one, as before
+        request_id = given.decode() if _VALID.match(given) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
+        header = (HEADER, request_id.encode())
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message.setdefault("headers", [])
-                message["headers"] = [*message["headers"], (HEADER, request_id.encode())]
+                message["headers"] = [*message.get("headers", ()), header]
             await send(message)
 
         await self.app(scope, receive, send_with_id)
 
 
+def new_request_id() -> str:
+    return os.urandom(16).hex()  # as uuid4().hex looks, at a quarter of its cost
+
+
 def request_id_of(scope: Scope) -> str:
-    return str(scope.get("state", {}).get("request_id", "")) or uuid.uuid4().hex
+    return str(scope.get("state", {}).get("request_id", "")) or new_request_id()
