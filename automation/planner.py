@@ -94,14 +94,15 @@ class Planner:
         self._by_flat_name[flat_name(proxy)].add(key)
         return dirty | self._revalidate_group(proxy)
 
-    def release(self, proxy: Proxy) -> set[str]:
-        """Forget a deleting proxy whose resources are gone. A proxy restored (declared again) meanwhile
-        stays: returns the stacks to re-plan, empty when nothing was released."""
+    def release(self, proxy: Proxy) -> bool:
+        """Forget a deleting proxy whose resources are gone; True when released. A proxy declared again
+        meanwhile (a restore) stays, no longer applied: its stack's next run creates it again."""
         current = self._proxies.get(proxy.key)
         if current is not None and not is_deleting(current):
             self._applied.discard(proxy.key)
-            return self._settle(proxy.key)  # it came back: its stack must create it again
-        return self.remove(proxy.key)
+            return False
+        self.remove(proxy.key)
+        return True
 
     def remove(self, key: str) -> set[str]:
         """Forget a proxy entirely."""
@@ -191,8 +192,11 @@ class Planner:
     # --- internals --------------------------------------------------------------------------------------
 
     def _usable(self, proxy: Proxy) -> PlannedProxy | None:
-        if proxy.key not in self.rejected:
+        error = self.rejected.get(proxy.key)
+        if error is None:
             return PlannedProxy(proxy=proxy, spec_hash=self._hashes[proxy.key])
+        if error.reason == Reason.NAME_COLLISION:
+            return None  # never applied (an applied proxy is never refused for this): nothing to hold
         return self._last_good.get(proxy.key)
 
     def _settle(self, key: str) -> set[str]:
@@ -244,7 +248,10 @@ class Planner:
 
     def _flat_name_owner(self, proxy: Proxy) -> str | None:
         """Of the live proxies sharing a flat physical name, the one that keeps it: an applied one first,
-        then the smallest key. None when the name is not shared."""
+        then the smallest key. None when the name is not shared, or when this proxy is applied (two applied
+        proxies evidently do not collide: refusing one would delete it)."""
+        if proxy.key in self._applied:
+            return None
         group = [
             k
             for k in self._by_flat_name.get(flat_name(proxy), set()) | {proxy.key}

@@ -19,7 +19,7 @@ from typing import Any
 
 from automation.deletion_budget import DeletionBudget, HeldDeletion, assess
 from automation.engine import Engine, OperationResult, PreviewStep, interrupt_children
-from automation.errors import ProxyOperatorError, StackNotOwnedError
+from automation.errors import PermanentError, ProxyOperatorError, StackNotOwnedError
 from automation.planner import Planner, StackPlan, is_deleting, wants_skip_cleanup
 from automation.queue import WorkQueue
 from automation.queue_state import QueueState, StackQueueState
@@ -100,6 +100,9 @@ class Controller:
                     applied = await self.reconciler.load_stack(name)
                 except StackNotOwnedError:
                     self._foreign.add(name)
+                    continue
+                except PermanentError as exc:  # this stack waits for a fix (its runs say why); others go on
+                    log.error("stack %s: %s", name, exc.message, extra={"fields": {"stack": name}})
                     continue
                 self.source.track(applied)
                 self._publish_applied(name, applied)
