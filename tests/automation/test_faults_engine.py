@@ -225,3 +225,33 @@ def test_a_second_installation_on_the_same_backend_touches_nothing(
     finally:
         ours.kill_proxies()
         theirs.kill_proxies()
+
+
+def test_up_stops_a_large_removal_and_allow_deletions_lets_that_change_through(fleet: Fleet) -> None:
+    """The one-shot `up` path (`apply_once`, what `proxy-operator up` calls) with the real engine."""
+    from service.runner import apply_once
+
+    async def scenario() -> None:
+        ports = {f"p{i}": free_port() for i in range(7)}
+        for name, port in ports.items():
+            fleet.write_proxy(name, port=port)
+        settings = fleet.settings()
+        assert (await apply_once(settings, fleet.manifests)).ok
+        for name in list(ports)[:6]:
+            fleet.remove_proxy(name)
+        stopped = await apply_once(settings, fleet.manifests)
+        assert not stopped.ok
+        assert stopped.held_deletion is not None
+        assert all(accepts(port) for port in ports.values()), "nothing was removed"
+        change = stopped.held_deletion.split("allow change ")[1].split()[0]
+        assert any(line.startswith("stopped: ") for line in stopped.problem_lines())
+
+        wrong = await apply_once(settings, fleet.manifests, allow_deletions=["000000000000"])
+        assert wrong.held_deletion is not None
+        assert all(accepts(port) for port in ports.values())
+
+        allowed = await apply_once(settings, fleet.manifests, allow_deletions=[change])
+        assert allowed.ok, allowed.problem_lines()
+        assert [accepts(port) for port in ports.values()] == [False] * 6 + [True]
+
+    asyncio.run(fleet.run(scenario))
