@@ -2,8 +2,10 @@
 
 A list with holes rather than an OrderedDict, so that a position can be remembered and a walk resumed from it:
 handing a proxy out appends it and leaves a hole where it was, so the positions of the others do not move.
-The list is compacted when it holds as many holes as proxies; `epoch` changes whenever positions do
-(compaction, new proxies), so a remembered position is only used in the epoch it was taken in.
+Walks jump over runs of holes (each hole points further on, and the pointers are shortened as they are
+followed), so holes piling up behind proxies that are never handed out (banned everywhere) cost nothing. The
+list is compacted when it holds as many holes as proxies; `epoch` changes whenever positions do (compaction,
+new proxies), so a remembered position is only used in the epoch it was taken in.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ COMPACT_SLACK = 1024  # holes allowed beyond one per proxy before the list is co
 class HandOutOrder:
     def __init__(self) -> None:
         self._slots: list[str | None] = []
+        self._jump: list[int] = []  # for a hole: a position after it, at or before the next proxy
         self._position: dict[str, int] = {}
-        self._head = 0  # no proxy before this position
         self.epoch = 0
 
     def __len__(self) -> int:
@@ -34,30 +36,39 @@ class HandOutOrder:
         """Put the keys never seen before the others, in key order (ties among the never used go by key)."""
         new = sorted(key for key in keys if key not in self._position)
         if new:
-            self._rebuild([*new, *(key for key in self._slots[self._head :] if key is not None)])
+            self._rebuild([*new, *(key for key in self._slots if key is not None)])
 
     def touch(self, key: str) -> None:
         """`key` was just handed out: it becomes the most recently used."""
         old = self._position[key]
         self._slots[old] = None
+        self._jump[old] = old + 1
         self._position[key] = len(self._slots)
         self._slots.append(key)
-        if old == self._head:
-            while self._slots[self._head] is None:
-                self._head += 1
+        self._jump.append(len(self._jump))
         if len(self._slots) > 2 * len(self._position) + COMPACT_SLACK:
-            self._rebuild([key for key in self._slots[self._head :] if key is not None])
+            self._rebuild([key for key in self._slots if key is not None])
 
     def walk(self, start: int = 0) -> Iterator[tuple[int, str]]:
         """(position, key) from `start` on, least recently used first."""
         slots = self._slots
-        for position in range(max(start, self._head), len(slots)):
-            key = slots[position]
-            if key is not None:
-                yield position, key
+        position = self._next_key(start)
+        while position < len(slots):
+            yield position, slots[position]  # type: ignore[misc]  # _next_key stops at a key
+            position = self._next_key(position + 1)
+
+    def _next_key(self, position: int) -> int:
+        """The first position at or after `position` that holds a key (the end if none)."""
+        slots, jump, end = self._slots, self._jump, len(self._slots)
+        found = position
+        while found < end and slots[found] is None:
+            found = jump[found]
+        while position < found:  # shorten the path just followed
+            jump[position], position = found, jump[position]
+        return found
 
     def _rebuild(self, keys: list[str]) -> None:
         self._slots = list(keys)
+        self._jump = list(range(len(keys)))
         self._position = {key: i for i, key in enumerate(keys)}
-        self._head = 0
         self.epoch += 1
