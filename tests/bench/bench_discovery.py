@@ -1,45 +1,62 @@
 """Benchmark of discovery and health (run by `make bench`, not by pytest). Prints figures; asserts nothing.
 
-1. Leases: 10,000 healthy proxies, 100 concurrent keep-alive clients against a live uvicorn (a separate
-   process), leases/s and p50/p99 latency, against a bare FastAPI route that returns a constant, served and
-   loaded the same way in the same run. The ratio is the figure. Memory store, then Redis if installed.
+1. Leases: POST /v1/leases against a live uvicorn (a separate process) holding 10,000 healthy proxies, with
+   cooldown, stickiness and penalties on: 100 targets, one in ten requests in a sticky session, and the first
+   500 proxies of the LRU banned for every target. The same load against a bare FastAPI route that returns a
+   constant, served the same way in the same round, is the baseline; the ratios are the figures. Memory store,
+   then Redis when redis-server is installed. Each round starts fresh servers; the summary is the median of
+   the rounds. The load comes from wrk when installed (a C generator) and from a minimal asyncio client;
+   each generator's CPU is printed, since a saturated generator flatters the ratio (it cannot offer the bare
+   route more than it can send).
 2. Probes: the prober on one core (one event loop) through real pproxy listeners to the echo route, probes/s,
    against plain asyncio TCP connects to the same listeners.
 
-The load generator is a minimal asyncio HTTP/1.1 client, so that it is not the bottleneck it measures.
+Settings: BENCH_RUNS (5), BENCH_SECONDS (5) per measurement after a 1 s warm-up.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import random
+import os
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from loadgen import Load, bodies, run_python, run_wrk, wrk  # noqa: E402
 
 PROXIES = 10_000
+BANNED = 500  # the front of the LRU (never used, by key), banned for every target
+TARGETS = 100
+SESSIONS = 10  # targets whose requests carry a sticky session
 CLIENTS = 100
-SECONDS = 5.0
+SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
+RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+WARM_UP = 1.0
 TOKEN = "bench-token"
 PY = sys.executable
+PAYLOADS = bodies(targets=TARGETS, sessions=SESSIONS)
 
 
-# --- the servers (a child process: `bench_discovery.py serve <kind> <port> [redis-url]`) ---
-def serve(kind: str, port: int, redis_url: str | None) -> None:
+# --- the servers (a child process: `bench_discovery.py serve <kind> <port> [redis-url [prefix]]`) ---
+def serve(kind: str, port: int, redis_url: str | None, prefix: str) -> None:
     import uvicorn
 
-    uvicorn.run(_app(kind, redis_url), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    app = _app(kind, redis_url, prefix)
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
-def _app(kind: str, redis_url: str | None):  # type: ignore[no-untyped-def]
+def _app(kind: str, redis_url: str | None, prefix: str = "bench"):  # type: ignore[no-untyped-def]
     from fastapi import FastAPI
 
     if kind == "bare":
@@ -61,9 +78,9 @@ def _app(kind: str, redis_url: str | None):  # type: ignore[no-untyped-def]
     inventory = Inventory()
     inventory.replace_all(
         ProxyEndpoint(
-            key=f"bench/p{i}",
+            key=f"bench/p{i:05d}",
             namespace="bench",
-            name=f"p{i}",
+            name=f"p{i:05d}",
             provider="local",
             pool="main",
             host="127.0.0.1",
@@ -74,13 +91,42 @@ def _app(kind: str, redis_url: str | None):  # type: ignore[no-untyped-def]
         for i in range(PROXIES)
     )
     for i in range(PROXIES):
-        inventory.set_health(
-            f"bench/p{i}", Health(state=HealthState.healthy, egress_ip=f"10.0.{i // 250}.{i % 250}")
-        )
-    store = RedisStore.from_url(redis_url, prefix="bench") if kind == "redis" else MemoryStore()
-    discovery = DiscoveryService(inventory=inventory, store=store, settings=DiscoverySettings())
+        health = Health(state=HealthState.healthy, egress_ip=f"10.0.{i // 250}.{i % 250}")
+        inventory.set_health(f"bench/p{i:05d}", health)
+    store = RedisStore.from_url(redis_url, prefix=prefix) if kind == "redis" else MemoryStore()
+    settings = DiscoverySettings()
+    discovery = DiscoveryService(inventory=inventory, store=store, settings=settings)
     entry = TokenEntry(name="bench", scopes={"lease"}, sha256=hash_token(TOKEN))
-    return create_app(inventory=inventory, discovery=discovery, authenticator=TokenAuthenticator([entry]))
+
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        await _ban_the_front(store, settings=settings)
+        yield
+        await store.close()
+
+    authenticator = TokenAuthenticator([entry])
+    return create_app(
+        inventory=inventory, discovery=discovery, authenticator=authenticator, lifespan=lifespan
+    )
+
+
+async def _ban_the_front(store: Any, *, settings: Any) -> None:
+    now = time.time()
+    base, cap = settings.penalty_base_seconds, settings.penalty_cap_seconds
+    for t in range(TARGETS):
+        await asyncio.gather(
+            *(
+                store.penalise(
+                    proxy=f"bench/p{i:05d}",
+                    target=f"site{t}.example",
+                    now=now,
+                    base=base,
+                    cap=cap,
+                    fraction=1.0,
+                )
+                for i in range(BANNED)
+            )
+        )
 
 
 def _free_port() -> int:
@@ -111,57 +157,107 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-# --- the load generator ---
-def _request(target: str) -> bytes:
-    body = json.dumps({"target": target}).encode()
-    head = (
-        f"POST /v1/leases HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
-    return head.encode() + body
+# --- leases ---
+def _server_cpu(pid: int) -> float:
+    """CPU seconds the process used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _client(port: int, *, until: float, latencies: list[float], statuses: dict[int, int]) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    requests = [_request(f"site{i}.example") for i in range(100)]
-    try:
-        while time.perf_counter() < until:
-            start = time.perf_counter()
-            writer.write(random.choice(requests))
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            latencies.append(time.perf_counter() - start)
-            status = int(head.split(b" ", 2)[1])
-            statuses[status] = statuses.get(status, 0) + 1
-    finally:
-        writer.close()
+def _generators() -> list[str]:
+    return (["wrk"] if wrk() else []) + ["python"]
 
 
-async def _load(port: int) -> tuple[float, list[float], dict[int, int]]:
-    latencies: list[float] = []
-    statuses: dict[int, int] = {}
-    until = time.perf_counter() + SECONDS
-    started = time.perf_counter()
-    await asyncio.gather(
-        *(_client(port, until=until, latencies=latencies, statuses=statuses) for _ in range(CLIENTS))
-    )
-    return len(latencies) / (time.perf_counter() - started), latencies, statuses
+def _load(generator: str, port: int, seconds: float) -> Load:
+    run = run_wrk if generator == "wrk" else run_python
+    return run(port, token=TOKEN, payloads=PAYLOADS, seconds=seconds, connections=CLIENTS)
 
 
-def measure(kind: str, redis_url: str | None = None) -> float:
+def one_round(kind: str, redis_url: str | None, round_no: int) -> dict[str, tuple[Load, float]]:
+    """(load, server CPU microseconds per request) per generator, on a fresh server."""
     port = _free_port()
-    args = [PY, __file__, "serve", kind, str(port)] + ([redis_url] if redis_url else [])
+    args = [PY, __file__, "serve", kind, str(port)] + ([redis_url, f"bench{round_no}"] if redis_url else [])
     process = subprocess.Popen(args)
+    found = {}
     try:
-        _wait_listening(port, process, f"{kind} server")
-        rate, latencies, statuses = asyncio.run(_load(port))
+        _wait_ready(port, process, f"{kind} server")
+        _load(_generators()[0], port, WARM_UP)
+        for generator in _generators():
+            cpu = _server_cpu(process.pid)
+            load = _load(generator, port, SECONDS)
+            found[generator] = (load, (_server_cpu(process.pid) - cpu) / max(load.requests, 1) * 1e6)
     finally:
         _stop(process)
-    q = statistics.quantiles(latencies, n=100)
-    p50, p99 = q[49] * 1000, q[98] * 1000
-    print(f"  {kind:7s} {rate:8.0f} req/s   p50 {p50:6.2f} ms   p99 {p99:6.2f} ms   {statuses}")
-    return rate
+    return found
+
+
+def _wait_ready(port: int, process: subprocess.Popen[bytes], what: str) -> None:
+    _wait_listening(port, process, what)  # uvicorn listens once the lifespan (the bans) is done
+
+
+def _line(kind: str, load: Load, cpu_us: float) -> str:
+    return (
+        f"  {kind:7s} {load.generator:6s} {load.rate:7.0f} req/s   p50 {load.p50_ms:6.1f} ms   "
+        f"p99 {load.p99_ms:6.1f} ms   not 2xx {load.not_ok:5d}   server {cpu_us:4.0f} us CPU/req   "
+        f"generator CPU {load.generator_cpu:4.0%}"
+    )
+
+
+def leases() -> None:
+    redis = _redis()
+    kinds = ["bare", "memory"] + (["redis"] if redis else [])
+    print(
+        f"discovery: {PROXIES} proxies ({BANNED} banned for every target), {TARGETS} targets, "
+        f"1 in {TARGETS // SESSIONS} leases sticky, {CLIENTS} keep-alive connections, {SECONDS:g} s per "
+        f"measurement, {RUNS} rounds; generators: {', '.join(_generators())}"
+    )
+    results: dict[str, Rounds] = {k: [] for k in kinds}
+    try:
+        for round_no in range(RUNS):
+            print(f" round {round_no + 1}")
+            for kind in kinds:
+                found = one_round(kind, redis[1] if redis and kind == "redis" else None, round_no)
+                results[kind].append(found)
+                for load, cpu_us in found.values():
+                    print(_line(kind, load, cpu_us))
+    finally:
+        if redis:
+            _stop(redis[0])
+    _summary(results)
+
+
+Rounds = list[dict[str, tuple[Load, float]]]  # per round: generator -> (load, server CPU us per request)
+
+
+def _summary(results: dict[str, Rounds]) -> None:
+    print(f" median of {RUNS} rounds (ratios taken within each round, against bare):")
+    for generator in _generators():
+        for kind, rounds in results.items():
+            print(_median_line(kind, generator, rounds, bare=results["bare"]))
+        busy = statistics.median(r[generator][0].generator_cpu for r in results["bare"])
+        if busy > 0.9:
+            print(
+                f"  ({generator} used {busy:.0%} of a core against bare: the bare figure is the generator's "
+                "limit, which flatters the ratios)"
+            )
+
+
+def _median_line(kind: str, generator: str, rounds: Rounds, *, bare: Rounds) -> str:
+    def median(value: Any) -> float:
+        return statistics.median(value(r[generator], b[generator]) for r, b in zip(rounds, bare, strict=True))
+
+    line = (
+        f"  {kind:7s} {generator:6s} {median(lambda r, b: r[0].rate):7.0f} req/s   "
+        f"p99 {median(lambda r, b: r[0].p99_ms):6.1f} ms   "
+        f"server {median(lambda r, b: r[1]):4.0f} us CPU/req   "
+        f"generator CPU {median(lambda r, b: r[0].generator_cpu):4.0%}"
+    )
+    if kind == "bare":
+        return line
+    ratio = median(lambda r, b: r[0].rate / b[0].rate)
+    p99 = median(lambda r, b: r[0].p99_ms / b[0].p99_ms)
+    cpu = median(lambda r, b: b[1] / r[1])
+    return line + f"   => {ratio:.2f} of bare, p99 x{p99:.2f} bare's; bare/ours CPU per request {cpu:.2f}"
 
 
 # --- probes ---
@@ -256,23 +352,19 @@ def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
 
 
 def main() -> None:
-    print(f"discovery: {PROXIES} proxies, {CLIENTS} concurrent clients, {SECONDS:g} s each")
-    bare = measure("bare")
-    lease = measure("memory")
-    print(f"  => leases / bare constant route = {lease / bare:.2f}")
-    redis = _redis()
-    if redis is not None:
-        try:
-            on_redis = measure("redis", redis[1])
-            print(f"  => leases on Redis / bare constant route = {on_redis / bare:.2f}")
-        finally:
-            _stop(redis[0])
+    leases()
     print("health: 3000 probes through 4 pproxy listeners to the echo route, 100 in flight, one event loop")
     print(f"  => wall clock (proxies and echo server included): probes / plain TCP connects = {probes():.2f}")
 
 
 if __name__ == "__main__":
     if len(sys.argv) >= 4 and sys.argv[1] == "serve":
-        serve(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
+        extra = sys.argv[4:]
+        serve(
+            sys.argv[2],
+            int(sys.argv[3]),
+            extra[0] if extra else None,
+            extra[1] if len(extra) > 1 else "bench",
+        )
     else:
         main()
