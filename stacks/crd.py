@@ -3,7 +3,11 @@
 `python -m stacks.crd > crds/crawl.example.com_proxies.yaml` writes it; a test checks the committed file.
 pydantic writes JSON Schema (draft 2020-12, `$ref`s, `anyOf` with null); Kubernetes wants a structural
 OpenAPI v3 schema. `structural` rewrites one into the other: refs inlined, optional-null unions collapsed,
-titles and `additionalProperties: false` dropped (the API server prunes unknown fields instead).
+titles and `additionalProperties: false` dropped (the API server prunes unknown fields instead, and refuses
+them under `fieldValidation=Strict`, kubectl's default), and an object's default completed with its fields'
+defaults (the API server checks CEL rules against a default as written: `auth: {}` failed `self.mode`).
+`FIELD_RULES` adds CEL for the models' Python validators that a schema cannot hold, and the metadata name is
+restricted as `ObjectMeta` restricts it, so the API server refuses what `proxy-operator validate` refuses.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from stacks.models import API_GROUP, KIND, ProxySpec, ProxyStatus
+from stacks.models import API_GROUP, KIND, ObjectMeta, ProxySpec, ProxyStatus
 
 PLURAL = "proxies"
 VERSION = "v1alpha1"
@@ -27,6 +31,26 @@ PRINTER_COLUMNS = [
     {"name": "Healthy", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Healthy")].status'},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
+
+# CEL for the Python validators of the models that a JSON schema cannot express, on the spec field each checks
+# (a path of property names, `items` for an array's items). A path that no longer exists is an error.
+FIELD_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
+    ("allowedSourceRanges", "items"): [  # stacks.models.wire.normalise_cidr
+        {
+            "rule": "isIP(self) || isCIDR(self)",
+            "message": "not a CIDR: write it like 203.0.113.0/24 or 2001:db8::/32",
+        }
+    ],
+    ("local", "bindAddress"): [  # LocalProxySpec._ip_address
+        {"rule": "isIP(self)", "message": "not an IP address: use one such as 127.0.0.1"}
+    ],
+    ("kubernetes", "resources"): [  # KubernetesProxySpec._known_resource_keys
+        {
+            "rule": "self.all(k, k == 'requests' || k == 'limits')",
+            "message": "unknown keys: use only `requests` and `limits`",
+        }
+    ],
+}
 
 
 def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -45,7 +69,34 @@ def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> di
         if key == "additionalProperties" and value is False:
             continue
         out[key] = _convert(key, value, defs)
+    if isinstance(out.get("default"), dict) and "properties" in out:
+        out["default"] = with_field_defaults(out["default"], out["properties"])
     return out
+
+
+def with_field_defaults(value: dict[str, Any], properties: dict[str, Any]) -> dict[str, Any]:
+    """`value` with every absent field's default filled in, nested, as the API server defaults an object."""
+    filled = dict(value)
+    for name, node in properties.items():
+        if name not in filled and "default" in node:
+            filled[name] = node["default"]
+        if isinstance(filled.get(name), dict) and "properties" in node:
+            filled[name] = with_field_defaults(filled[name], node["properties"])
+    return filled
+
+
+def with_field_rules(
+    spec: dict[str, Any], field_rules: dict[tuple[str, ...], list[dict[str, str]]] = FIELD_RULES
+) -> dict[str, Any]:
+    """`spec` with the CEL rules of `field_rules` added to the fields they check."""
+    for path, rules in field_rules.items():
+        node: Any = spec
+        for step in path:
+            node = node.get(step) if step == "items" else node.get("properties", {}).get(step)
+            if not isinstance(node, dict):
+                raise ValueError(f"FIELD_RULES names spec.{'.'.join(path)}, which the schema does not have")
+        node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), *rules]
+    return spec
 
 
 def _convert(key: str, value: Any, defs: dict[str, Any]) -> Any:
@@ -67,7 +118,8 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def open_api_schema() -> dict[str, Any]:
-    spec = structural(ProxySpec.model_json_schema(by_alias=True, mode="validation"))
+    spec = with_field_rules(structural(ProxySpec.model_json_schema(by_alias=True, mode="validation")))
+    name = structural(ObjectMeta.model_json_schema(by_alias=True, mode="validation")["properties"]["name"])
     status = structural(ProxyStatus.model_json_schema(by_alias=True, mode="validation"))
     spec["description"] = "What to run: the provider instance, port, protocol, auth and source ranges."
     status["description"] = "What the service observed; written by proxy-operator only."
@@ -78,7 +130,8 @@ def open_api_schema() -> dict[str, Any]:
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            "metadata": {"type": "object"},
+            # Only name (and generateName) may be restricted here; a Proxy's name is a DNS label (ObjectMeta).
+            "metadata": {"type": "object", "properties": {"name": name}},
             "spec": spec,
             "status": status,
         },

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from stacks.crd import CRD_FILE, proxy_crd, render, structural
+from stacks.crd import CRD_FILE, proxy_crd, render, structural, with_field_rules
 from stacks.models import Address, Condition, Proxy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,9 @@ def test_crd_identity_scope_and_columns() -> None:
 
 def test_schema_is_structural() -> None:
     assert structural_violations(SCHEMA) == []
-    assert SCHEMA["properties"]["metadata"] == {"type": "object"}
+    # Kubernetes allows restricting only metadata.name and metadata.generateName.
+    assert SCHEMA["properties"]["metadata"]["type"] == "object"
+    assert set(SCHEMA["properties"]["metadata"]["properties"]) <= {"name", "generateName"}
     assert SCHEMA["required"] == ["spec"]
 
 
@@ -184,5 +186,33 @@ def test_rules_the_schema_cannot_hold_are_cel_on_the_crd() -> None:
     assert "has(self.kubernetes), has(self.gcp), has(self.kvm), has(self.local)" in rules
     auth_rules = " ".join(r["rule"] for r in spec["properties"]["auth"]["x-kubernetes-validations"])
     assert "has(self.secretRef)" in auth_rules
-    assert spec["properties"]["auth"]["default"] == {}  # so auth.mode is defaulted before the rules run
     assert proxy_crd() == yaml.safe_load(render())
+
+
+def test_object_defaults_carry_their_fields_defaults() -> None:
+    """The API server checks CEL rules against a default as written: `auth: {}` failed on `self.mode`."""
+    spec = SCHEMA["properties"]["spec"]
+    assert spec["properties"]["auth"]["default"] == {"mode": "generated"}
+    properties = {"a": {"type": "object", "default": {}}, "b": {"type": "string", "default": "x"}}
+    node = {"type": "object", "default": {"a": {}}, "properties": properties}
+    assert structural(node)["default"] == {"a": {}, "b": "x"}
+
+
+def test_python_validators_have_cel_mirrors() -> None:
+    spec = SCHEMA["properties"]["spec"]["properties"]
+    assert "isCIDR(self)" in spec["allowedSourceRanges"]["items"]["x-kubernetes-validations"][0]["rule"]
+    assert spec["local"]["properties"]["bindAddress"]["x-kubernetes-validations"][0]["rule"] == "isIP(self)"
+    assert "'limits'" in spec["kubernetes"]["properties"]["resources"]["x-kubernetes-validations"][0]["rule"]
+
+
+def test_a_field_rule_on_a_missing_field_is_an_error() -> None:
+    with pytest.raises(ValueError, match=r"spec\.nope\.x"):
+        with_field_rules({"type": "object", "properties": {}}, {("nope", "x"): [{"rule": "true"}]})
+
+
+def test_a_proxy_name_longer_than_a_dns_label_is_rejected_by_both() -> None:
+    document = base()
+    document["metadata"]["name"] = "a" * 64
+    assert crd_errors(document) != []
+    with pytest.raises(ValidationError):
+        Proxy.model_validate(document)
