@@ -12,7 +12,12 @@ from service.validate import validate_manifests
 from stacks.problems import Problem
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(p for p in (ROOT / "examples").iterdir() if p.is_dir())
+# Folders of manifests (examples/ci holds CI recipes, not manifests).
+EXAMPLES = sorted(
+    p
+    for p in (ROOT / "examples").iterdir()
+    if p.is_dir() and any("kind: Proxy" in f.read_text() for f in p.glob("*.yaml"))
+)
 
 CATALOGUE = """\
 providers:
