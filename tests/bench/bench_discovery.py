@@ -113,18 +113,12 @@ def _app(kind: str, redis_url: str | None, prefix: str = "bench"):  # type: igno
 async def _ban_the_front(store: Any, *, settings: Any) -> None:
     now = time.time()
     base, cap = settings.penalty_base_seconds, settings.penalty_cap_seconds
-    for t in range(TARGETS):
+    bans = [(f"bench/p{i:05d}", f"site{t}.example") for t in range(TARGETS) for i in range(BANNED)]
+    for start in range(0, len(bans), 50):  # 50 at a time: a redis-py pool holds 100 connections at most
         await asyncio.gather(
             *(
-                store.penalise(
-                    proxy=f"bench/p{i:05d}",
-                    target=f"site{t}.example",
-                    now=now,
-                    base=base,
-                    cap=cap,
-                    fraction=1.0,
-                )
-                for i in range(BANNED)
+                store.penalise(proxy=proxy, target=target, now=now, base=base, cap=cap, fraction=1.0)
+                for proxy, target in bans[start : start + 50]
             )
         )
 
