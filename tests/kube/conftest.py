@@ -1,0 +1,53 @@
+"""Fixtures of the tests against a real Kubernetes API server (etcd + kube-apiserver on loopback).
+
+`kube_api` starts both once per session, installs every CRD in crds/ and hands out a `KubeApi` (its
+`kubeconfig` is a file path); `kube_client` is a ready `kubernetes` ApiClient. When a part is missing or does
+not start, the tests that use them fail (not skip) with what to do: a missing apiserver is a broken install.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+from kubernetes.client import ApiClient
+from kubernetes.dynamic.exceptions import DynamicApiError
+
+from tests.kube.apiserver import ROOT, ApiServerUnavailable, KubeApi, running_apiserver
+from tests.kube.manifests import install_crds, refusal
+
+CRDS = ROOT / "crds"
+
+
+@pytest.fixture(scope="session")
+def kube_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeApi]:
+    """etcd + kube-apiserver for the whole session, with the project's CRDs installed."""
+    workdir = tmp_path_factory.mktemp("kube")
+    with ExitStack() as stack:
+        failure = ""
+        try:
+            api = stack.enter_context(running_apiserver(workdir))
+            with api.client() as client:
+                install_crds(client, CRDS, cache_dir=workdir)
+        except ApiServerUnavailable as exc:
+            failure = f"the test API server cannot start: {exc}"
+        except DynamicApiError as exc:
+            failure = f"the apiserver refuses a CRD in crds/: {refusal(exc)}"
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        yield api
+
+
+@pytest.fixture(scope="session")
+def kube_client(kube_api: KubeApi) -> Iterator[ApiClient]:
+    """A `kubernetes` ApiClient logged in as the apiserver's admin (system:masters)."""
+    with kube_api.client() as client:
+        yield client
+
+
+@pytest.fixture
+def kube_cache(tmp_path: Path) -> Path:
+    """A folder for a dynamic client's discovery cache."""
+    return tmp_path
