@@ -32,6 +32,7 @@ $(STAMP): pyproject.toml requirements.lock
 
 tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent
 	@bash scripts/install-tools.sh
+	@bash scripts/install-kube.sh  # etcd + kube-apiserver for tests/kube (built once, cached outside the clone)
 
 run: install ## provision the sample local proxies with the real engine and serve the discovery API
 	$(VENV)/bin/proxy-operator serve --manifests examples/local

@@ -99,6 +99,7 @@ install_apiserver() {
     say "reusing the cached kube-apiserver $version ($cache)"
   elif [ ! -L "$target" ] && is_wanted "$target"; then
     cp "$target" "$cache/kube-apiserver.tmp" && mv -f "$cache/kube-apiserver.tmp" "$cache/kube-apiserver"
+    cp "$root/.tools/kube-apiserver-build-info.txt" "$cache/build-info.txt" 2>/dev/null || true
     say "cached the kube-apiserver $version that $bin held (built without the cache) in $cache"
   else
     build "$cache/kube-apiserver" "$cache/build-info.txt"
