@@ -1,22 +1,23 @@
 """Fixtures of the tests against a real Kubernetes API server (etcd + kube-apiserver on loopback).
 
 `kube_api` starts both once per session, installs every CRD in crds/ and hands out a `KubeApi` (its
-`kubeconfig` is a file path); `kube_client` is a ready `kubernetes` ApiClient. When a part is missing or does
-not start, the tests that use them fail (not skip) with what to do: a missing apiserver is a broken install.
+`kubeconfig` is a file path); `kube_client` is a ready `kubernetes` ApiClient and `dynamic` a dynamic client
+on it. When a part is missing or does not start, the tests that use them fail (not skip) with what to do: a
+missing apiserver is a broken install.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 
 import pytest
 from kubernetes.client import ApiClient
+from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from tests.kube.apiserver import ROOT, ApiServerUnavailable, KubeApi, running_apiserver
-from tests.kube.manifests import install_crds, refusal
+from tests.kube.manifests import dynamic_client, install_crds, refusal
 
 CRDS = ROOT / "crds"
 
@@ -47,7 +48,7 @@ def kube_client(kube_api: KubeApi) -> Iterator[ApiClient]:
         yield client
 
 
-@pytest.fixture
-def kube_cache(tmp_path: Path) -> Path:
-    """A folder for a dynamic client's discovery cache."""
-    return tmp_path
+@pytest.fixture(scope="session")
+def dynamic(kube_client: ApiClient, tmp_path_factory: pytest.TempPathFactory) -> DynamicClient:
+    """A `kubernetes.dynamic` client on `kube_client`, its discovery cache in a temporary folder."""
+    return dynamic_client(kube_client, tmp_path_factory.mktemp("discovery"))
