@@ -14,7 +14,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 wrapper="$root/tools/kube-apiserver"
 bin="$root/.tools/bin"
 version="$(sed -n 's/^require k8s\.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$wrapper/go.mod")"
-cache_root="${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/proxy-operator}"
+cache_root="${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?is not set: set PROXY_OPERATOR_CACHE_DIR}/.cache}/proxy-operator}"
 cache="$cache_root/kube-apiserver-$version"
 no_cache="${PROXY_OPERATOR_NO_BUILD_CACHE:-}"
 
