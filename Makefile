@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export PULUMI_SKIP_UPDATE_CHECK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps test-deps venv tools run test lint bench clean kvm-ssh-secret lock
+.PHONY: help install system-deps test-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -32,12 +32,14 @@ $(STAMP): pyproject.toml requirements.lock
 
 tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent
 	@bash scripts/install-tools.sh
-	@bash scripts/install-kube.sh  # etcd + kube-apiserver for tests/kube (built once, cached outside the clone)
+
+kube-tools: ## etcd + kube-apiserver for the tests (built with Go once, cached outside the clone); idempotent
+	@bash scripts/install-kube.sh
 
 run: install ## provision the sample local proxies with the real engine and serve the discovery API
 	$(VENV)/bin/proxy-operator serve --manifests examples/local
 
-test: install test-deps ## run the test suite (unit tests and real-engine tests)
+test: install test-deps kube-tools ## run the test suite (unit tests and real-engine tests)
 	$(PY) -m pytest
 
 lint: venv ## ruff, formatting, the layer contracts and mypy
