@@ -209,28 +209,23 @@ def _invalid_proxies(found: ManifestSet) -> dict[str, Problem]:
 
 
 def _no_catalogue(directory: Path) -> Problem:
-    return Problem(
-        file=str(directory),
-        document=None,
-        line=None,
-        obj="catalogue",
-        path="",
-        message="no provider catalogue (a document with a top-level `providers` list) in this folder: "
-        "nothing is reconciled until there is one; to remove every proxy, keep the catalogue and delete "
-        "the Proxies",
+    return _catalogue_problem(
+        directory,
+        "no provider catalogue (a document with a top-level `providers` list) in this folder: nothing is "
+        "reconciled until there is one; to remove every proxy, keep the catalogue and delete the Proxies",
     )
 
 
 def _catalogue_gone(directory: Path) -> Problem:
-    return Problem(
-        file=str(directory),
-        document=None,
-        line=None,
-        obj="catalogue",
-        path="",
-        message="the provider catalogue is gone from this folder: the last one is kept and nothing is "
-        "removed until it is back (to remove every proxy, keep the catalogue and delete the Proxies)",
+    return _catalogue_problem(
+        directory,
+        "the provider catalogue is gone from this folder: the last one is kept and nothing is removed until "
+        "it is back (to remove every proxy, keep the catalogue and delete the Proxies)",
     )
+
+
+def _catalogue_problem(directory: Path, message: str) -> Problem:
+    return Problem(file=str(directory), document=None, line=None, obj="catalogue", path="", message=message)
 
 
 def _load_secrets(found: ManifestSet, problems: list[Problem]) -> dict[str, dict[str, str]]:
