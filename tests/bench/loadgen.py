@@ -120,27 +120,29 @@ async def _python_load(
     latencies: list[float] = []
     statuses: list[int] = []
     until = time.perf_counter() + seconds
-    await asyncio.gather(
-        *(
-            _client(port, requests, until=until, latencies=latencies, statuses=statuses)
-            for _ in range(connections)
-        )
+    clients = (
+        _client(port, requests, until=until, latencies=latencies, statuses=statuses)
+        for _ in range(connections)
     )
+    await asyncio.gather(*clients)
     return latencies, sum(1 for s in statuses if not 200 <= s < 300)
 
 
 async def _client(
     port: int, requests: list[bytes], *, until: float, latencies: list[float], statuses: list[int]
 ) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        while time.perf_counter() < until:
-            start = time.perf_counter()
-            writer.write(random.choice(requests))
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-            await reader.readexactly(length)
-            latencies.append(time.perf_counter() - start)
-            statuses.append(int(head.split(b" ", 2)[1]))
-    finally:
-        writer.close()
+    while time.perf_counter() < until:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            while time.perf_counter() < until:
+                start = time.perf_counter()
+                writer.write(random.choice(requests))
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                latencies.append(time.perf_counter() - start)
+                statuses.append(int(head.split(b" ", 2)[1]))
+        except (OSError, asyncio.IncompleteReadError):
+            statuses.append(0)  # the server closed the connection (after a 500, say): count it, connect again
+        finally:
+            writer.close()
