@@ -35,16 +35,16 @@ install_etcd() {
   elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
     apt=(sudo -n apt-get)
   else
-    die "etcd is missing and this is not root: run  sudo apt-get install -y --no-install-recommends etcd-server  then make tools again"
+    die "etcd is missing and this is not root: run  sudo apt-get install -y --no-install-recommends etcd-server  then make kube-tools again"
   fi
   command -v apt-get >/dev/null 2>&1 ||
-    die "etcd is missing and there is no apt-get: install etcd >= 3.4 on PATH, then make tools again"
+    die "etcd is missing and there is no apt-get: install etcd >= 3.4 on PATH, then make kube-tools again"
   say "installing etcd (Debian package etcd-server) with apt-get"
   export DEBIAN_FRONTEND=noninteractive
   if ! "${apt[@]}" install -y -qq --no-install-recommends etcd-server >/dev/null 2>&1; then
     "${apt[@]}" update -qq || die "apt-get update failed: install etcd-server by hand"
     "${apt[@]}" install -y -qq --no-install-recommends etcd-server >/dev/null ||
-      die "apt-get install etcd-server failed (see above): install it by hand and run make tools again"
+      die "apt-get install etcd-server failed (see above): install it by hand and run make kube-tools again"
   fi
   command -v etcd >/dev/null 2>&1 || die "etcd-server is installed but etcd is not on PATH"
   say "installed $(etcd --version 2>/dev/null | head -1)"

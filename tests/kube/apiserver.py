@@ -1,6 +1,6 @@
 """A real Kubernetes API server for the tests: etcd and kube-apiserver on loopback, stopped by pid.
 
-`running_apiserver(workdir)` starts etcd, then kube-apiserver (built by `make tools`, scripts/install-kube.sh)
+`running_apiserver(workdir)` starts etcd, then kube-apiserver (built by `make kube-tools`, scripts/install-kube.sh)
 on free loopback ports with: serving certificates the apiserver makes itself (`--cert-dir`), a service-account
 key pair, one static admin token (`--token-auth-file`, group system:masters), RBAC authorization and an audit
 log of every request (metadata level). It yields a `KubeApi` with a kubeconfig file; on leaving, both
@@ -87,7 +87,7 @@ def binaries() -> tuple[Path, Path]:
         missing.append(f"kube-apiserver {KUBE_VERSION} ({apiserver})")
     if missing:
         raise ApiServerUnavailable(
-            f"{' and '.join(missing)} missing: run `make tools` (scripts/install-kube.sh)"
+            f"{' and '.join(missing)} missing: run `make kube-tools` (scripts/install-kube.sh)"
         )
     return Path(str(etcd)), apiserver
 
