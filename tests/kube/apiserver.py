@@ -1,6 +1,6 @@
 """A real Kubernetes API server for the tests: etcd and kube-apiserver on loopback, stopped by pid.
 
-`running_apiserver(workdir)` starts etcd, then kube-apiserver (built by `make kube-tools`, scripts/install-kube.sh)
+`running_apiserver(workdir)` starts etcd, then kube-apiserver (from `make kube-tools`)
 on free loopback ports with: serving certificates the apiserver makes itself (`--cert-dir`), a service-account
 key pair, one static admin token (`--token-auth-file`, group system:masters), RBAC authorization and an audit
 log of every request (metadata level). It yields a `KubeApi` with a kubeconfig file; on leaving, both
