@@ -35,6 +35,7 @@ tools: ## Pulumi CLI + Python language host (official bundle, else built with Go
 
 kube-tools: ## etcd + kube-apiserver for the tests (built with Go once, cached outside the clone); idempotent
 	@bash scripts/install-kube.sh
+	@bash scripts/install-k8s-plugin.sh
 
 run: install ## provision the sample local proxies with the real engine and serve the discovery API
 	$(VENV)/bin/proxy-operator serve --manifests examples/local

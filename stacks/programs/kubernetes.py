@@ -7,10 +7,21 @@ The Secret is replaced (new name) whenever its content changes, which rolls the 
 
 Published address: the LoadBalancer ingress IP or hostname for `LoadBalancer` Services; otherwise the
 cluster DNS name `<svc>.<ns>.svc.cluster.local`, reachable on the proxy port from inside the cluster.
+
+Every object carries `pulumi.com/patchForce: "true"`: the service is the only owner of these objects, so a
+field someone else changed (an edit with another field manager than kubectl's, which the provider takes over
+by itself) is put back by the next `up` instead of failing the whole stack with a server-side apply conflict.
+
+Test-only: with PROXY_OPERATOR_K8S_BARE_APISERVER=1 in the program's environment every object carries the
+provider's `pulumi.com/skipAwait` and background `pulumi.com/deletionPropagationPolicy` annotations, for an
+API server with no kubelet and no controller-manager (tests/kube): Pods never start there, so the provider's
+await would wait for ever, and foreground deletion waits for a garbage collector that never runs. Off by
+default; a real cluster needs neither.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, cast
 
 import pulumi
@@ -19,12 +30,26 @@ import pulumi_kubernetes as k8s
 from stacks.models import KubernetesProvider
 from stacks.programs.component import ProxyEndpoint, kubernetes_labels, physical_name
 from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
+from stacks.programs.kube_access import check_access
 from stacks.programs.proxy_config import ProxySettings
 
 CONFIG_DIR = "/etc/3proxy-operator"
 CONFIG_KEY = "3proxy.cfg"
 RUN_AS = 10001  # the image's unprivileged 3proxy user
 UNPRIVILEGED_PORT = 3128  # containers run without NET_BIND_SERVICE: a port below 1024 maps to this one
+BARE_APISERVER_ENV = "PROXY_OPERATOR_K8S_BARE_APISERVER"  # test-only, see the module docstring
+PATCH_FORCE = "pulumi.com/patchForce"
+SKIP_AWAIT = "pulumi.com/skipAwait"
+DELETION_PROPAGATION = "pulumi.com/deletionPropagationPolicy"
+
+
+def provider_annotations() -> dict[str, str]:
+    """Annotations the Kubernetes provider reads on each object: a forced apply, and the test-only
+    settings of an API server without kubelet or controller-manager (off unless the variable is "1")."""
+    annotations = {PATCH_FORCE: "true"}
+    if os.environ.get(BARE_APISERVER_ENV) == "1":
+        annotations |= {SKIP_AWAIT: "true", DELETION_PROPAGATION: "background"}
+    return annotations
 
 
 def container_port(port: int) -> int:
@@ -48,9 +73,20 @@ def threeproxy_conf(settings: ProxySettings) -> str:
 
 
 def provider(entry: KubernetesProvider, settings: ProgramSettings) -> k8s.Provider:
-    # kubeconfigSecret set: the automation passes its kubeconfig as providerCredentials; else this cluster.
+    """The entry's provider, once its user is known to hold the permissions the program needs.
+
+    kubeconfigSecret set: the automation passes that kubeconfig as providerCredentials; else the ambient
+    configuration ($KUBECONFIG, ~/.kube/config, or the in-cluster ServiceAccount)."""
     kubeconfig = settings.provider_credentials if entry.kubeconfig_secret else None
-    return k8s.Provider(f"k8s-{entry.name}", kubeconfig=kubeconfig, namespace=entry.namespace)
+
+    def checked(value: str | None) -> str | None:
+        check_access(kubeconfig=value, namespace=entry.namespace, provider=entry.name)
+        return value
+
+    if kubeconfig is None:
+        checked(None)
+        return k8s.Provider(f"k8s-{entry.name}", namespace=entry.namespace)
+    return k8s.Provider(f"k8s-{entry.name}", kubeconfig=kubeconfig.apply(checked), namespace=entry.namespace)
 
 
 def _secret(ctx: ProxyContext, *, meta: dict[str, Any], opts: pulumi.ResourceOptions) -> k8s.core.v1.Secret:
@@ -61,11 +97,15 @@ def _secret(ctx: ProxyContext, *, meta: dict[str, Any], opts: pulumi.ResourceOpt
         return values
 
     # Auto-named from the (DNS-safe) logical name, and replaced on any change: the new name rolls the pods.
+    # The provider replaces a Secret on a data change by itself (unless its enableSecretMutable is set) and
+    # reports the change under `data` (it folds stringData into data): both paths are named here.
     return k8s.core.v1.Secret(
         meta["name"],
-        metadata={"namespace": meta["namespace"], "labels": meta["labels"]},
+        metadata={key: value for key, value in meta.items() if key != "name"},
         string_data=pulumi.Output.secret(cast(Any, proxy_settings(ctx).apply(data))),
-        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(replace_on_changes=["stringData"])),
+        opts=pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(replace_on_changes=["stringData", "data"])
+        ),
     )
 
 
@@ -179,7 +219,12 @@ def _proxy(
     name = physical_name("px", ctx.proxy)
     selector = {"app.kubernetes.io/instance": name}
     labels = {**kubernetes_labels(ctx.proxy, settings.stack), **selector}
-    meta = {"name": name, "namespace": entry.namespace, "labels": labels}
+    meta = {
+        "name": name,
+        "namespace": entry.namespace,
+        "labels": labels,
+        "annotations": provider_annotations(),
+    }
     opts = pulumi.ResourceOptions(parent=ctx.component, provider=k8s_provider)
     secret = _secret(ctx, meta=meta, opts=opts)
     deployment = _deployment(ctx, meta=meta, selector=selector, secret=secret, block=block, opts=opts)

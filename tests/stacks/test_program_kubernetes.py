@@ -14,6 +14,7 @@ import pytest
 from pulumi.runtime import rpc
 
 from stacks.models import KubernetesProvider
+from stacks.programs import kubernetes
 from stacks.programs.context import ProgramSettings
 from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
 
@@ -175,3 +176,38 @@ def test_provider_uses_the_kubeconfig_only_when_the_catalogue_names_one(
 
     assert k8s_provider.inputs["namespace"] == "proxies"
     assert ("kubeconfig" in k8s_provider.inputs) is expect_kubeconfig
+
+
+def _annotations(mocks: RecordingMocks) -> dict[str, dict[str, str]]:
+    return {
+        typ: mocks.one(typ).inputs["metadata"]["annotations"] for typ in (SECRET, DEPLOYMENT, SERVICE, POLICY)
+    }
+
+
+def test_the_default_render_forces_its_apply_and_carries_no_test_only_annotation(
+    mocks: RecordingMocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Skipping the provider's await and background deletion are for tests/kube's bare API server only:
+    without the setting no object asks the provider for either. Every object asks for a forced apply, so a
+    field someone else took over is put back instead of failing the stack with a conflict."""
+    monkeypatch.delenv(kubernetes.BARE_APISERVER_ENV, raising=False)
+    spec = {"provider": "in-cluster", "allowedSourceRanges": ["10.1.0.0/16"]}
+    run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
+
+    for typ, found in _annotations(mocks).items():
+        assert found == {"pulumi.com/patchForce": "true"}, typ
+
+
+def test_the_bare_apiserver_setting_skips_await_and_deletes_in_the_background(
+    mocks: RecordingMocks, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(kubernetes.BARE_APISERVER_ENV, "1")
+    spec = {"provider": "in-cluster", "allowedSourceRanges": ["10.1.0.0/16"]}
+    run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
+
+    for typ, found in _annotations(mocks).items():
+        assert found == {
+            "pulumi.com/patchForce": "true",
+            "pulumi.com/skipAwait": "true",
+            "pulumi.com/deletionPropagationPolicy": "background",
+        }, typ
