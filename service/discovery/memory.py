@@ -28,6 +28,19 @@ NO_PENALTY = (0.0, 0)
 INFINITY = float("inf")
 
 
+# A lease as kept: (client, target, proxy, handed_at, expires_at, released). The garbage collector stops
+# tracking a tuple of atoms, so an hour of leases kept for late reports does not lengthen its pauses.
+_Kept = tuple[str, str, str, float, float, bool]
+
+
+def _keep(lease: LeaseRecord) -> _Kept:
+    return (lease.client, lease.target, lease.proxy, lease.handed_at, lease.expires_at, lease.released)
+
+
+def _record(lease_id: str, kept: _Kept) -> LeaseRecord:
+    return LeaseRecord(lease_id, *kept)
+
+
 @dataclass(frozen=True)
 class _Resume:
     """Every candidate before `position` in the walk of this order is ineligible for its client and target
@@ -49,7 +62,7 @@ class MemoryStore:
         self._forgiven: dict[str, int] = {}  # target -> good reports that removed a penalty
         self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
         self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
-        self._leases: dict[str, LeaseRecord] = {}
+        self._leases: dict[str, _Kept] = {}
         self._lease_gc: list[tuple[float, str]] = []
         self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
         self._last_candidates: Collection[str] | None = None
@@ -135,7 +148,7 @@ class MemoryStore:
             handed_at=now,
             expires_at=now + request.ttl,
         )
-        self._leases[lease_id] = lease
+        self._leases[lease_id] = _keep(lease)
         heapq.heappush(self._lease_gc, (lease.expires_at + LEASE_GRACE, lease_id))
         return lease
 
@@ -155,11 +168,15 @@ class MemoryStore:
             self._last_candidates = candidates
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
-        return self._leases.get(lease_id)
+        return self._get(lease_id)
+
+    def _get(self, lease_id: str) -> LeaseRecord | None:
+        kept = self._leases.get(lease_id)
+        return _record(lease_id, kept) if kept is not None else None
 
     async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
         with self._lock:
-            lease = self._leases.get(lease_id)
+            lease = self._get(lease_id)
             if lease is None or lease.released or lease.expires_at <= now:
                 return None
             held = self._hold.get((lease.client, lease.target), {})
@@ -167,12 +184,12 @@ class MemoryStore:
                 held[lease.proxy] = max(lease.handed_at + cooldown, now)
                 self._resume.pop((lease.client, lease.target), None)
             released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
-            self._leases[lease_id] = released
+            self._leases[lease_id] = _keep(released)
             return released
 
     async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
         with self._lock:
-            lease = self._leases.get(lease_id)
+            lease = self._get(lease_id)
             if lease is None or lease.released or lease.expires_at <= now:
                 return None
             until = now + ttl
@@ -182,7 +199,7 @@ class MemoryStore:
                 held[lease.proxy] = max(lease.handed_at + cooldown, until)
                 self._resume.pop((lease.client, lease.target), None)
             renewed = LeaseRecord(**{**lease.__dict__, "expires_at": until})
-            self._leases[lease_id] = renewed
+            self._leases[lease_id] = _keep(renewed)
             heapq.heappush(self._lease_gc, (until + LEASE_GRACE, lease_id))
             return renewed
 
@@ -240,6 +257,6 @@ class MemoryStore:
             del self._resume[pair]
         while self._lease_gc and self._lease_gc[0][0] <= now:
             lease_id = heapq.heappop(self._lease_gc)[1]
-            lease = self._leases.get(lease_id)
-            if lease is not None and lease.expires_at + LEASE_GRACE <= now:  # a renewed lease stays
+            kept = self._leases.get(lease_id)
+            if kept is not None and kept[4] + LEASE_GRACE <= now:  # a renewed lease stays
                 del self._leases[lease_id]
