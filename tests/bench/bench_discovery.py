@@ -11,7 +11,8 @@
 2. Probes: the prober on one core (one event loop) through real pproxy listeners to the echo route, probes/s,
    against plain asyncio TCP connects to the same listeners.
 
-Settings: BENCH_RUNS (5), BENCH_SECONDS (5) per measurement after a 1 s warm-up.
+Settings: BENCH_RUNS (5), BENCH_SECONDS (5) per measurement after a 1 s warm-up; BENCH_BANNED (500) and
+BENCH_SESSIONS (10 of the 100 targets) set the mix (0 and 0: the plain lease loop of issue 9's first figures).
 """
 
 from __future__ import annotations
@@ -36,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Load, bodies, run_python, run_wrk, wrk  # noqa: E402
 
 PROXIES = 10_000
-BANNED = 500  # the front of the LRU (never used, by key), banned for every target
+BANNED = int(os.environ.get("BENCH_BANNED", "500"))  # the LRU's front (never used, by key), banned everywhere
 TARGETS = 100
-SESSIONS = 10  # targets whose requests carry a sticky session
+SESSIONS = int(os.environ.get("BENCH_SESSIONS", "10"))  # targets whose requests carry a sticky session
 CLIENTS = 100
 SECONDS = float(os.environ.get("BENCH_SECONDS", "5"))
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
@@ -202,7 +203,7 @@ def leases() -> None:
     kinds = ["bare", "memory"] + (["redis"] if redis else [])
     print(
         f"discovery: {PROXIES} proxies ({BANNED} banned for every target), {TARGETS} targets, "
-        f"1 in {TARGETS // SESSIONS} leases sticky, {CLIENTS} keep-alive connections, {SECONDS:g} s per "
+        f"{SESSIONS} of them in sticky sessions, {CLIENTS} keep-alive connections, {SECONDS:g} s per "
         f"measurement, {RUNS} rounds; generators: {', '.join(_generators())}"
     )
     results: dict[str, Rounds] = {k: [] for k in kinds}
