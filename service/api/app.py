@@ -64,6 +64,7 @@ def create_app(
     app.add_middleware(  # inside the request id, so its answers carry one; see fast_lease.py
         LeaseFastPath,
         context=app.state.context,
+        router=leases.router,
         endpoint=leases.create_lease,
         body_model=LeaseBody,
         error_handlers=app.exception_handlers,

@@ -16,6 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from fastapi import APIRouter
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +31,19 @@ PARAMETERS = ("client", "ctx", "body")  # what `create_lease` takes; anything el
 Endpoint = Callable[..., Awaitable[BaseModel]]
 
 
+def _plain(router: APIRouter, endpoint: Endpoint) -> bool:
+    """The route still takes what this path passes and nothing more: the same parameters, no dependencies
+    declared on the route or its router, the default status. Otherwise FastAPI serves every request."""
+    routes = [r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is endpoint]
+    return (
+        tuple(inspect.signature(endpoint).parameters) == PARAMETERS
+        and not router.dependencies
+        and len(routes) == 1
+        and not routes[0].dependencies
+        and routes[0].status_code in (None, 200)
+    )
+
+
 def _is_json(content_type: bytes) -> bool:
     """What FastAPI reads as JSON, narrowed to the plain spelling (others take FastAPI's path)."""
     return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
@@ -40,6 +55,7 @@ class LeaseFastPath:
         app: ASGIApp,
         *,
         context: Any,
+        router: APIRouter,
         endpoint: Endpoint,
         body_model: type[BaseModel],
         error_handlers: Mapping[Any, ExceptionHandler],
@@ -49,9 +65,9 @@ class LeaseFastPath:
         self._endpoint = endpoint
         self._body_model = body_model
         self._handlers = error_handlers
-        self.enabled = tuple(inspect.signature(endpoint).parameters) == PARAMETERS
+        self.enabled = _plain(router, endpoint)
         if not self.enabled:
-            log.warning("lease fast path off: %s no longer takes %s", endpoint.__name__, PARAMETERS)
+            log.warning("lease fast path off: %s is no longer the route it knows", endpoint.__name__)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (

@@ -14,10 +14,12 @@ from typing import Any
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
 from service.api import create_app
 from service.api.fast_lease import LeaseFastPath
+from service.api.models import LeaseBody
+from service.api.routers import leases
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.discovery.memory import MemoryStore
 from service.discovery.service import DiscoveryService
@@ -130,14 +132,35 @@ def test_the_fast_path_answers_as_fastapi_does(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_the_fast_path_turns_itself_off_when_the_route_changes() -> None:
-    async def other(client: Any, ctx: Any, body: Any, extra: Any) -> Any: ...
+    def fast_path(router: APIRouter, endpoint: Any) -> LeaseFastPath:
+        return LeaseFastPath(
+            _app(fast=False),
+            context=None,
+            router=router,
+            endpoint=endpoint,
+            body_model=LeaseBody,
+            error_handlers={},
+        )
 
-    path = LeaseFastPath(_app(fast=False), context=None, endpoint=other, body_model=Any, error_handlers={})  # type: ignore[arg-type]
-    assert not path.enabled
-    assert LeaseFastPath(
-        _app(fast=False),
-        context=None,
-        endpoint=lambda client, ctx, body: None,  # type: ignore[arg-type, return-value]
-        body_model=Any,  # type: ignore[arg-type]
-        error_handlers={},
-    ).enabled
+    async def same(client: Any, ctx: Any, body: Any) -> Any: ...
+
+    async def more(client: Any, ctx: Any, body: Any, extra: Any) -> Any: ...
+
+    def plain() -> APIRouter:
+        router = APIRouter()
+        router.post("/v1/leases")(same)
+        router.post("/v1/leases/more")(more)
+        return router
+
+    assert fast_path(plain(), same).enabled
+    assert not fast_path(plain(), more).enabled  # another parameter
+    guarded = plain()
+    guarded.dependencies.append(Depends(lambda: None))
+    assert not fast_path(guarded, same).enabled  # a router dependency
+    with_dependency = APIRouter()
+    with_dependency.post("/v1/leases", dependencies=[Depends(lambda: None)])(same)
+    assert not fast_path(with_dependency, same).enabled
+    created = APIRouter()
+    created.post("/v1/leases", status_code=201)(same)
+    assert not fast_path(created, same).enabled
+    assert fast_path(leases.router, leases.create_lease).enabled  # the real route, as create_app wires it
