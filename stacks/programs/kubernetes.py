@@ -52,6 +52,10 @@ def provider_annotations() -> dict[str, str]:
     return annotations
 
 
+class LoadBalancerPendingError(RuntimeError):
+    """A LoadBalancer Service without an ingress address: nothing to publish yet."""
+
+
 def container_port(port: int) -> int:
     return port if port >= 1024 else UNPRIVILEGED_PORT
 
@@ -206,8 +210,18 @@ def _published_host(
         return f"{name}.{namespace}.svc.cluster.local"
 
     def ingress_address(status: Any) -> str:
-        ingress = status.load_balancer.ingress[0]
-        return ingress.ip or ingress.hostname
+        # The provider waits for an address before it reports the Service ready; with skipAwait (tests) or
+        # a load balancer that answers without one there is none: say so (the stack retries) rather than
+        # fail on an empty list.
+        ingress = status.load_balancer.ingress if status and status.load_balancer else None
+        address = (ingress[0].ip or ingress[0].hostname) if ingress else None
+        if not address:
+            raise LoadBalancerPendingError(
+                f"Service {namespace}/{name} has no load-balancer address yet: a LoadBalancer Service needs "
+                "a load-balancer controller in the cluster (a cloud's, or MetalLB); use ClusterIP or "
+                "NodePort without one"
+            )
+        return str(address)
 
     return service.status.apply(ingress_address)
 

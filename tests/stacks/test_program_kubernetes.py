@@ -211,3 +211,15 @@ def test_the_bare_apiserver_setting_skips_await_and_deletes_in_the_background(
             "pulumi.com/skipAwait": "true",
             "pulumi.com/deletionPropagationPolicy": "background",
         }, typ
+
+
+def test_a_load_balancer_without_an_address_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mocks used to hand every LoadBalancer an IP; a real cluster without a load-balancer controller
+    (or the provider with skipAwait) reports none, which the program must not read as `ingress[0]`."""
+    install(RecordingMocks(computed={SECRET: _named}), stack="in-cluster")
+    spec = {"provider": "in-cluster", "kubernetes": {"serviceType": "LoadBalancer"}}
+
+    with pytest.raises(
+        kubernetes.LoadBalancerPendingError, match="px-crawl-a has no load-balancer address yet"
+    ):
+        run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
