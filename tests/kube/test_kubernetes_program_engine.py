@@ -182,6 +182,9 @@ def test_a_removed_proxy_loses_its_objects_and_its_neighbour_keeps_them(
 def test_skip_cleanup_leaves_the_objects_in_the_cluster_and_drops_them_from_state(
     fleet: KubeFleet, objects: ClusterObjects
 ) -> None:
+    """Then the Proxy is declared again before anyone deleted the orphans: the provider's server-side apply
+    takes the Deployment, Service and NetworkPolicy (fixed names) over where they are, no collision, while
+    the Secret (a generated name, with newly generated credentials) is made anew and the old one is left."""
     fleet.write_proxy("stay", port=8080)
     fleet.write_proxy("keep", port=8081)
 
@@ -197,6 +200,19 @@ def test_skip_cleanup_leaves_the_objects_in_the_cluster_and_drops_them_from_stat
         assert not [urn for urn in urns if urn.endswith("::crawl/keep") or urn.endswith("::px-crawl-keep")]
         assert [urn for urn in urns if urn.endswith("Deployment::crawl/stay")]
         assert "Forgotten" in [e.reason for e in controller.status.events("crawl/keep")]
+        [orphan] = objects.secrets("px-crawl-keep")
+
+        fleet.write_proxy("keep", port=8081)
+        await fleet.apply(controller)
+
+        adopted = objects.uids("px-crawl-keep")
+        assert {k: adopted[k] for k in ("deployment", "service", "networkpolicy")} == {
+            k: left[k] for k in ("deployment", "service", "networkpolicy")
+        }
+        [new_secret] = [s for s in objects.secrets("px-crawl-keep") if s.metadata.uid != orphan.metadata.uid]
+        assert orphan.metadata.uid in (adopted["secret"] or "")  # left behind: delete it by hand
+        volume = objects.deployment("px-crawl-keep").spec.template.spec.volumes[0]
+        assert volume.secret.secret_name == new_secret.metadata.name
 
     asyncio.run(fleet.run(scenario))
 
