@@ -17,11 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as kube_client
+from kubernetes import config
 from kubernetes.client import ApiClient
 from typer.testing import CliRunner
 
@@ -306,6 +309,24 @@ def grant_network_policies(api: ApiClient, namespace: str) -> None:
     kube_client.RbacAuthorizationV1Api(api).patch_namespaced_role("deployer", namespace, body)
 
 
+def wait_until_allowed(kubeconfig: str, *, namespace: str, timeout: float = 20.0) -> None:
+    """Wait until the authorizer (fed by a cache) lets the kubeconfig's user create NetworkPolicies."""
+    review = kube_client.V1SelfSubjectAccessReview(
+        spec=kube_client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=kube_client.V1ResourceAttributes(
+                namespace=namespace, verb="create", group="networking.k8s.io", resource="networkpolicies"
+            )
+        )
+    )
+    deadline = time.monotonic() + timeout
+    with config.new_client_from_config_dict(yaml.safe_load(kubeconfig)) as api:
+        while (
+            not kube_client.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed
+        ):
+            assert time.monotonic() < deadline, "the Role's new rule never reached the authorizer"
+            time.sleep(0.1)
+
+
 def audit_writes(kube: KubeApi, *, offset: int, namespace: str) -> list[tuple[str, str, str]]:
     """(user, verb, resource) of each completed write in `namespace` logged after `offset` bytes."""
     with kube.audit_log.open() as log:
@@ -340,10 +361,8 @@ def test_kubeconfig_secret_reaches_the_provider_and_a_missing_permission_is_a_pe
             },
         ]
     )
-    fleet.write_secret(
-        "remote-kube",
-        {"kubeconfig": kubeconfig_for(kube_api, user="deployer", token=token, namespace=remote_ns)},
-    )
+    kubeconfig = kubeconfig_for(kube_api, user="deployer", token=token, namespace=remote_ns)
+    fleet.write_secret("remote-kube", {"kubeconfig": kubeconfig})
     fleet.write_proxy("here", port=8080)
     fleet.write_proxy("there", provider="remote", port=8080)
     remote = ClusterObjects(kube_client, remote_ns)
@@ -365,6 +384,7 @@ def test_kubeconfig_secret_reaches_the_provider_and_a_missing_permission_is_a_pe
         assert not audit_writes(kube_api, offset=start, namespace=remote_ns)
 
         grant_network_policies(kube_client, remote_ns)
+        wait_until_allowed(kubeconfig, namespace=remote_ns)
         start = kube_api.audit_log.stat().st_size
         controller.request_resync()  # a permanent failure waits for new input or the resync
         await controller.queue.drain()
