@@ -33,7 +33,7 @@ $(STAMP): pyproject.toml requirements.lock
 tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent
 	@bash scripts/install-tools.sh
 
-kube-tools: ## etcd + kube-apiserver for the tests (built with Go once, cached outside the clone); idempotent
+kube-tools: ## etcd, kube-apiserver and the Kubernetes provider plugin for the tests (built once, cached outside the clone)
 	@bash scripts/install-kube.sh
 	@bash scripts/install-k8s-plugin.sh
 

@@ -22,7 +22,7 @@ _PERMANENT = [
     (
         re.compile(
             r"(invalid_grant|could not find default credentials|401 unauthorized|permission denied "
-            r"\(publickey\)|403 forbidden|authentication failed)",
+            r"\(publickey\)|403 forbidden|authentication failed|is forbidden: User )",
             re.I,
         ),
         CredentialsError,
