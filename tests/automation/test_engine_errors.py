@@ -19,7 +19,7 @@ def failed(stderr: str) -> auto.errors.CommandError:
     [
         'error: deployments.apps "px-crawl-a" is forbidden: User "system:serviceaccount:x:y" cannot '
         'create resource "deployments" in API group "apps" in the namespace "proxies"',
-        "error: googleapi: Error 403: Forbidden, forbidden",
+        "error: 403 Forbidden: the caller does not have permission",
         "error: 401 Unauthorized",
     ],
 )
