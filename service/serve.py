@@ -157,12 +157,9 @@ async def serve(service: Service) -> None:
 
 def _store(settings: OperatorSettings) -> Store:
     if settings.discovery.store == "redis":
-        import redis.asyncio as aioredis
-
         from service.discovery.redis_store import RedisStore
 
-        client = aioredis.from_url(settings.discovery.redis_url or "", decode_responses=True)
-        return RedisStore(client, prefix=settings.discovery.redis_prefix)
+        return RedisStore.from_url(settings.discovery.redis_url or "", prefix=settings.discovery.redis_prefix)
     return MemoryStore()
 
 

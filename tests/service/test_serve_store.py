@@ -1,0 +1,27 @@
+"""`serve` builds the discovery store its settings name: Redis through the queued connection pool."""
+
+from __future__ import annotations
+
+import asyncio
+
+from service.config import OperatorSettings
+from service.discovery.memory import MemoryStore
+from service.discovery.redis_store import RedisStore
+from service.serve import _store
+from service.settings import DiscoverySettings
+from tests.service.conftest import RedisServer
+
+
+def test_serve_builds_a_redis_store_on_the_queued_pool(redis_server: RedisServer) -> None:
+    settings = OperatorSettings(discovery=DiscoverySettings(store="redis", redis_url=redis_server.url))
+    store = _store(settings)
+    assert isinstance(store, RedisStore)
+
+    async def check() -> None:
+        assert await store.ping()
+        pool = store._r.connection_pool
+        assert type(pool).__name__ == "BlockingConnectionPool", "past 100 in flight: a queue, not a 500"
+        await store.close()
+
+    asyncio.run(check())
+    assert isinstance(_store(OperatorSettings()), MemoryStore)
