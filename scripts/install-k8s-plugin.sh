@@ -16,6 +16,8 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/cached-binary.sh
+source "$root/scripts/cached-binary.sh"
 wrapper="$root/tools/pulumi-kubernetes"
 bin="$root/.tools/bin"
 name="pulumi-resource-kubernetes"
@@ -108,39 +110,7 @@ obtain() {  # obtain OUT INFO
 }
 
 install_plugin() {
-  local target="$bin/$name"
-  mkdir -p "$bin"
-  if [ -n "$no_cache" ]; then
-    if [ ! -L "$target" ] && is_wanted "$target"; then
-      say "$name v$version is in place ($target, made without the cache); nothing to do"
-      return 0
-    fi
-    say "PROXY_OPERATOR_NO_BUILD_CACHE is set: installing into $bin, not reading or writing $cache"
-    rm -f "$target" "$target.version"  # may be links into the cache
-    obtain "$target" "$root/.tools/$name-build-info.txt"
-    return 0
-  fi
-  if [ -L "$target" ] && [ "$(readlink "$target")" = "$cache/$name" ] && is_wanted "$target"; then
-    say "$name v$version is in place ($target -> $cache); nothing to do"
-    return 0
-  fi
-  mkdir -p "$cache"
-  exec 9>"$cache/.lock"
-  flock 9  # another clone building the same version: wait for it and reuse its binary
-  if is_wanted "$cache/$name"; then
-    say "reusing the cached $name v$version ($cache)"
-  elif [ ! -L "$target" ] && is_wanted "$target"; then
-    cp "$target" "$cache/$name.tmp" && mv -f "$cache/$name.tmp" "$cache/$name"
-    cp "$target.version" "$cache/$name.version"
-    cp "$root/.tools/$name-build-info.txt" "$cache/build-info.txt" 2>/dev/null || true
-    say "cached the $name v$version that $bin held (made without the cache) in $cache"
-  else
-    obtain "$cache/$name" "$cache/build-info.txt"
-  fi
-  exec 9>&-
-  ln -sfn "$cache/$name" "$target"
-  ln -sfn "$cache/$name.version" "$target.version"
-  say "linked $target -> $cache/$name"
+  install_cached "$name" obtain .version
 }
 
 not_provided() {

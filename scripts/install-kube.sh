@@ -11,6 +11,8 @@
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=scripts/cached-binary.sh
+source "$root/scripts/cached-binary.sh"
 wrapper="$root/tools/kube-apiserver"
 bin="$root/.tools/bin"
 version="$(sed -n 's/^require k8s\.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$wrapper/go.mod")"
@@ -76,37 +78,7 @@ build() {  # build OUTPUT INFO: go build into OUTPUT.tmp, move it in place, say 
 }
 
 install_apiserver() {
-  local target="$bin/kube-apiserver"
-  mkdir -p "$bin"
-  if [ -n "$no_cache" ]; then
-    if [ ! -L "$target" ] && is_wanted "$target"; then
-      say "kube-apiserver $version is in place ($target, built without the cache); nothing to do"
-      return 0
-    fi
-    say "PROXY_OPERATOR_NO_BUILD_CACHE is set: building into $bin, not reading or writing $cache"
-    rm -f "$target"  # may be a link into the cache
-    build "$target" "$root/.tools/kube-apiserver-build-info.txt"
-    return 0
-  fi
-  if [ -L "$target" ] && [ "$(readlink "$target")" = "$cache/kube-apiserver" ] && is_wanted "$target"; then
-    say "kube-apiserver $version is in place ($target -> $cache); nothing to do"
-    return 0
-  fi
-  mkdir -p "$cache"
-  exec 9>"$cache/.lock"
-  flock 9  # another clone building the same version: wait for it and reuse its binary
-  if is_wanted "$cache/kube-apiserver"; then
-    say "reusing the cached kube-apiserver $version ($cache)"
-  elif [ ! -L "$target" ] && is_wanted "$target"; then
-    cp "$target" "$cache/kube-apiserver.tmp" && mv -f "$cache/kube-apiserver.tmp" "$cache/kube-apiserver"
-    cp "$root/.tools/kube-apiserver-build-info.txt" "$cache/build-info.txt" 2>/dev/null || true
-    say "cached the kube-apiserver $version that $bin held (built without the cache) in $cache"
-  else
-    build "$cache/kube-apiserver" "$cache/build-info.txt"
-  fi
-  exec 9>&-
-  ln -sfn "$cache/kube-apiserver" "$target"
-  say "linked $target -> $cache/kube-apiserver"
+  install_cached kube-apiserver build
 }
 
 install_etcd
