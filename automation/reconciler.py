@@ -74,6 +74,7 @@ class Reconciler:
     _applied: dict[str, str] = field(default_factory=dict)
     _outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
     _owned: dict[str, Ownership] = field(default_factory=dict)
+    _refusals: dict[str, str] = field(default_factory=dict)  # stack -> why we leave it alone
     _drift_due: set[str] = field(default_factory=set)
 
     async def __call__(self, name: str) -> None:
@@ -108,9 +109,8 @@ class Reconciler:
         Returns the applied proxies. Raises StackNotOwnedError for a stack we must not touch."""
         if self._owned.get(name) in (None, Ownership.UNCLAIMED):  # unclaimed: our catalogue may name it now
             self._owned[name] = await self._claim(name)
-        if self._owned[name] in (Ownership.FOREIGN, Ownership.UNCLAIMED):
-            tags = await asyncio.to_thread(self.engine.stack_tags, name)
-            raise StackNotOwnedError(not_owned_message(name, tags, installation=self.installation))
+        if name in self._refusals:
+            raise StackNotOwnedError(self._refusals[name])
         if name in self._applied:
             return []
         outputs = await asyncio.to_thread(self.engine.plain_outputs, name) if self._exists(name) else {}
@@ -136,11 +136,6 @@ class Reconciler:
         """The outputs of the stack's last successful `up` (empty before `load_stack`)."""
         return self._outputs.get(name, {})
 
-    def owns(self, name: str) -> bool | None:
-        """Whether the stack was found ours (None: not checked yet)."""
-        verdict = self._owned.get(name)
-        return None if verdict is None else verdict not in (Ownership.FOREIGN, Ownership.UNCLAIMED)
-
     def drift_check_due(self, name: str) -> bool:
         return name in self._drift_due
 
@@ -164,12 +159,10 @@ class Reconciler:
                 self.installation,
                 extra={"fields": {"stack": name}},
             )
-        elif verdict in (Ownership.FOREIGN, Ownership.UNCLAIMED):
-            log.warning(
-                "%s",
-                not_owned_message(name, tags, installation=self.installation),
-                extra={"fields": {"stack": name}},
-            )
+        self._refusals.pop(name, None)
+        if verdict in (Ownership.FOREIGN, Ownership.UNCLAIMED):
+            self._refusals[name] = not_owned_message(name, tags, installation=self.installation)
+            log.warning("%s", self._refusals[name], extra={"fields": {"stack": name}})
         return verdict
 
     def _exists(self, name: str) -> bool:
@@ -215,6 +208,7 @@ class Reconciler:
         self._applied.pop(name, None)
         self._outputs.pop(name, None)
         self._owned.pop(name, None)
+        self._refusals.pop(name, None)
         if result is not None:
             log.info(
                 "destroyed and removed stack %s: %s", name, result.changes, extra={"fields": {"stack": name}}

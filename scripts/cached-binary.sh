@@ -5,8 +5,16 @@
 #   NAME    the binary's file name in .tools/bin and in the cache folder
 #   OBTAIN  a function `OBTAIN OUT INFO` that makes the binary at OUT and records how in INFO
 #   SUFFIX  sibling files that travel with the binary (e.g. .version for NAME.version)
-# Uses the caller's globals root, bin, cache, version, no_cache (PROXY_OPERATOR_NO_BUILD_CACHE: neither read
-# nor write the cache) and its functions say and is_wanted BINARY.
+# Uses the caller's globals root, bin, cache (from cache_dir), version and its functions say and is_wanted BINARY.
+
+# PROXY_OPERATOR_NO_BUILD_CACHE=1: neither read nor write the cache (the binary goes into .tools/bin).
+no_cache="${PROXY_OPERATOR_NO_BUILD_CACHE:-}"
+
+cache_dir() {  # cache_dir KEY: the folder for one binary and version, shared by every clone
+  local base="${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?is not set: set PROXY_OPERATOR_CACHE_DIR}/.cache}/proxy-operator}"
+  printf '%s/%s\n' "$base" "$1"
+}
+
 install_cached() {
   local name="$1" obtain="$2"
   shift 2

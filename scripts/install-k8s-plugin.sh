@@ -22,9 +22,7 @@ wrapper="$root/tools/pulumi-kubernetes"
 bin="$root/.tools/bin"
 name="pulumi-resource-kubernetes"
 version="$(sed -n 's/^[[:space:]]*"pulumi-kubernetes==\([0-9.]*\)".*/\1/p' "$root/pyproject.toml")"
-cache_root="${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?is not set: set PROXY_OPERATOR_CACHE_DIR}/.cache}/proxy-operator}"
-cache="$cache_root/$name-v$version"
-no_cache="${PROXY_OPERATOR_NO_BUILD_CACHE:-}"
+cache="$(cache_dir "$name-v$version")"
 
 say() { printf '[k8s-plugin] %s\n' "$*"; }
 die() { printf '[k8s-plugin] error: %s\n' "$*" >&2; exit 1; }

@@ -16,9 +16,7 @@ source "$root/scripts/cached-binary.sh"
 wrapper="$root/tools/kube-apiserver"
 bin="$root/.tools/bin"
 version="$(sed -n 's/^require k8s\.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$wrapper/go.mod")"
-cache_root="${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?is not set: set PROXY_OPERATOR_CACHE_DIR}/.cache}/proxy-operator}"
-cache="$cache_root/kube-apiserver-$version"
-no_cache="${PROXY_OPERATOR_NO_BUILD_CACHE:-}"
+cache="$(cache_dir "kube-apiserver-$version")"
 
 say() { printf '[kube] %s\n' "$*"; }
 die() { printf '[kube] error: %s\n' "$*" >&2; exit 1; }

@@ -393,7 +393,7 @@ class Controller:
             )
 
     def _unhold(self, key: str) -> None:
-        if self.status.get(key).conditions and _condition(self.status, key, ConditionType.HELD) == "True":
+        if _condition(self.status, key, ConditionType.HELD) == "True":
             self.status.set_condition(
                 key,
                 type_=ConditionType.HELD,

@@ -20,7 +20,7 @@ from service.runner import _settle
 from service.settings import DiscoverySettings
 from tests.automation.standin_engine import RecordingEngine
 from tests.service.conftest import TOKENS, auth
-from tests.service.test_declared_deletion import NAMES, Folder, apply, make_controller
+from tests.service.test_declared_deletion import NAMES, Folder, apply, running_fleet
 
 
 def test_a_stopped_change_is_shown_and_allowed_once(tmp_path: Path) -> None:
@@ -31,9 +31,7 @@ def test_a_stopped_change_is_shown_and_allowed_once(tmp_path: Path) -> None:
     tokens.write_text(json.dumps(entries))
 
     async def scenario() -> None:
-        for i, name in enumerate(NAMES):
-            folder.proxy(name, port=3000 + i)
-        controller = await apply(make_controller(folder, engine, tmp_path / "s"))
+        controller = await running_fleet(folder, engine, tmp_path / "s")
         app = create_app(
             inventory=controller.inventory,
             discovery=DiscoveryService(

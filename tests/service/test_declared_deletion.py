@@ -109,6 +109,13 @@ async def apply(controller: Controller) -> Controller:
     return controller
 
 
+async def running_fleet(folder: Folder, engine: RecordingEngine, state: Path) -> Controller:
+    """Eight proxies (`NAMES`) declared and applied: a fleet a deletion can be measured against."""
+    for i, name in enumerate(NAMES):
+        folder.proxy(name, port=3000 + i)
+    return await apply(make_controller(folder, engine, state))
+
+
 def held_reason(controller: Controller, key: str) -> str | None:
     condition = controller.status.held().get(key)
     return condition.reason if condition else None
@@ -192,9 +199,7 @@ def test_the_deletion_budget_stops_a_large_removal_until_allowed_once(tmp_path: 
     engine = RecordingEngine(installation="ours")
 
     async def scenario() -> None:
-        for i, name in enumerate(NAMES):
-            folder.proxy(name, port=3000 + i)
-        controller = await apply(make_controller(folder, engine, tmp_path / "s"))
+        controller = await running_fleet(folder, engine, tmp_path / "s")
         for name in NAMES[:6]:  # 6 of 8: more than half and more than 5
             folder.remove(f"proxy-{name}.yaml")
         await apply(controller)
@@ -234,9 +239,7 @@ def test_a_small_removal_needs_no_allowance_and_an_emptied_fleet_is_one_step(tmp
     engine = RecordingEngine(installation="ours")
 
     async def scenario() -> None:
-        for i, name in enumerate(NAMES):
-            folder.proxy(name, port=3000 + i)
-        controller = await apply(make_controller(folder, engine, tmp_path / "s"))
+        controller = await running_fleet(folder, engine, tmp_path / "s")
         folder.remove("proxy-a.yaml")
         await apply(controller)
         assert engine.backend.destroyed == ["crawl/a"]
