@@ -1,0 +1,67 @@
+"""The Kubernetes API client: from a kubeconfig file or the pod's ServiceAccount, and raw JSON calls.
+
+The service keeps only the fields it needs, so it reads raw JSON (`_preload_content=False`) instead of the
+client's model objects: 10,000 Proxies as models would not fit the memory goal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+
+__all__ = ["ApiException", "KubeClientError", "api_client", "in_cluster", "request_json"]
+
+SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
+
+
+class KubeClientError(Exception):
+    """The Kubernetes API cannot be reached with the given configuration; the message says why."""
+
+
+def in_cluster() -> bool:
+    """Running in a pod: the kubelet sets KUBERNETES_SERVICE_HOST and mounts a ServiceAccount token."""
+    return bool(os.environ.get(SERVICE_HOST_ENV))
+
+
+def api_client(kubeconfig: Path | None) -> ApiClient:
+    """An ApiClient from `kubeconfig`, else from the pod's ServiceAccount."""
+    try:
+        if kubeconfig is not None:
+            return config.new_client_from_config(config_file=str(kubeconfig))
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return ApiClient(configuration)
+    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
+        where = f"kubeconfig {kubeconfig}" if kubeconfig else "the pod's ServiceAccount (in-cluster)"
+        raise KubeClientError(f"cannot configure the Kubernetes client from {where}: {exc}") from exc
+
+
+def request_json(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    content_type: str = "application/json",
+    timeout: float | tuple[float, float] | None = 30.0,
+) -> dict[str, Any]:
+    """One call, the answer as a dict (raises ApiException on a non-2xx answer)."""
+    response = api.call_api(
+        path,
+        method,
+        query_params=query or [],
+        header_params={"Accept": "application/json", "Content-Type": content_type},
+        body=body,
+        auth_settings=["BearerToken"],
+        _preload_content=False,
+        _request_timeout=timeout,
+    )
+    data = response[0].data if isinstance(response, tuple) else response.data
+    return json.loads(data) if data else {}

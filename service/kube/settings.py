@@ -1,0 +1,61 @@
+"""Settings of the in-cluster mode (`PROXY_OPERATOR_KUBE_<FIELD>`), every field with a safe default."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+# Where a pod finds its own namespace (the ServiceAccount volume the kubelet mounts).
+POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+class KubeSettings(BaseSettings):
+    """What the Kubernetes source watches, and how replicas elect the one that reconciles."""
+
+    model_config = SettingsConfigDict(env_prefix="PROXY_OPERATOR_KUBE_", extra="forbid")
+
+    kubeconfig: Path | None = Field(
+        None, description="A kubeconfig file; default: the pod's ServiceAccount (in-cluster configuration)."
+    )
+    namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces whose Proxies are watched; empty: all namespaces."
+    )
+    namespace: str | None = Field(
+        None,
+        description="The service's own namespace (catalogue ConfigMap, Lease); default: the pod's namespace, "
+        "else `proxy-operator`.",
+    )
+    catalogue_configmap: str = Field(
+        "proxy-operator-providers", description="ConfigMap holding the provider catalogue."
+    )
+    catalogue_key: str = Field("providers.yaml", description="Key of that ConfigMap holding the catalogue.")
+    identity: str = Field(
+        default_factory=socket.gethostname,
+        description="This replica's identity in the Lease (and in stack locks); default: the host name.",
+    )
+    lease_name: str = Field("proxy-operator", description="The Lease (coordination.k8s.io) to elect by.")
+    lease_duration_seconds: float = Field(
+        15.0, gt=0, le=300, description="A leader that has not renewed for this long loses the Lease."
+    )
+    renew_deadline_seconds: float = Field(
+        10.0, gt=0, le=300, description="A leader that cannot renew within this long stops its work."
+    )
+    retry_period_seconds: float = Field(2.0, gt=0, le=60, description="How often the Lease is tried.")
+    lock_grace_seconds: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="A stack lock of another replica is recovered once its Lease expired this long ago "
+        "(or its pod is gone).",
+    )
+
+    def own_namespace(self) -> str:
+        if self.namespace:
+            return self.namespace
+        try:
+            return POD_NAMESPACE_FILE.read_text().strip() or "proxy-operator"
+        except OSError:
+            return "proxy-operator"
