@@ -14,8 +14,9 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
+from kubernetes.client.rest import RESTResponse
 
-__all__ = ["ApiException", "KubeClientError", "api_client", "in_cluster", "request_json"]
+__all__ = ["ApiException", "KubeClientError", "api_client", "call", "in_cluster", "request_json"]
 
 SERVICE_HOST_ENV = "KUBERNETES_SERVICE_HOST"
 
@@ -42,6 +43,32 @@ def api_client(kubeconfig: Path | None) -> ApiClient:
         raise KubeClientError(f"cannot configure the Kubernetes client from {where}: {exc}") from exc
 
 
+def call(
+    api: ApiClient,
+    method: str,
+    path: str,
+    *,
+    query: list[tuple[str, Any]] | None = None,
+    body: Any = None,
+    content_type: str = "application/json",
+    timeout: float | tuple[float, float] | None = 30.0,
+) -> RESTResponse:
+    """One call; the answer unread (a watch streams it). Raises ApiException on a non-2xx answer."""
+    method, url, headers, payload, _ = api.param_serialize(
+        method=method,
+        resource_path=path,
+        query_params=query or [],
+        header_params={"Accept": "application/json", "Content-Type": content_type},
+        body=body,
+        auth_settings=["BearerToken"],
+    )
+    response = api.call_api(method, url, header_params=headers, body=payload, _request_timeout=timeout)
+    if not 200 <= response.status < 300:
+        response.read()
+        raise ApiException(http_resp=response)
+    return response
+
+
 def request_json(
     api: ApiClient,
     method: str,
@@ -53,15 +80,6 @@ def request_json(
     timeout: float | tuple[float, float] | None = 30.0,
 ) -> dict[str, Any]:
     """One call, the answer as a dict (raises ApiException on a non-2xx answer)."""
-    response = api.call_api(
-        path,
-        method,
-        query_params=query or [],
-        header_params={"Accept": "application/json", "Content-Type": content_type},
-        body=body,
-        auth_settings=["BearerToken"],
-        _preload_content=False,
-        _request_timeout=timeout,
-    )
-    data = response[0].data if isinstance(response, tuple) else response.data
+    response = call(api, method, path, query=query, body=body, content_type=content_type, timeout=timeout)
+    data = response.read()
     return json.loads(data) if data else {}
