@@ -24,6 +24,14 @@ class FieldsFormatter(logging.Formatter):
                 "message": record.getMessage(),
                 **fields,
             }
+            # Tracebacks are what an incident needs most; `json.dumps` escapes their newlines, so the
+            # record stays one line.
+            if record.exc_info:
+                body["exc_info"] = self.formatException(record.exc_info)
+            elif record.exc_text:
+                body["exc_info"] = record.exc_text
+            if record.stack_info:
+                body["stack_info"] = self.formatStack(record.stack_info)
             return json.dumps(body, default=str)
         text = super().format(record)
         return text + "".join(f" {k}={v}" for k, v in fields.items() if f"{v}" not in record.getMessage())
