@@ -112,7 +112,8 @@ class MemoryStore:
             for key, lid in zip(picked, request.lease_ids, strict=False)
         ]
         for lease in leases:
-            held[lease.proxy] = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
+            until = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
+            held[lease.proxy] = max(held.get(lease.proxy, 0.0), until)  # a sticky re-use never lowers it
             self._lru.touch(lease.proxy)
         return leases
 

@@ -19,13 +19,14 @@ local lease_prefix, grace, ignore_cd = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1
 """
 
 # Both acquire scripts end the same way: hand out `picked` (proxy keys, LRU order first) with the lease ids
-# from ARGV[11...], hold each for this client and target until max(cooldown, ttl), and mark it used now.
+# from ARGV[11...], hold each for this client and target until max(cooldown, ttl) (or longer, when a sticky
+# session re-uses a proxy it holds already), and mark it used now.
 _HAND_OUT = r"""
 local hold_until = now + math.max(cooldown, ttl)
 local out = {earliest and string.format('%.6f', earliest) or ''}
 for i = 1, #picked do
   local key, id = picked[i], ARGV[10 + i]
-  redis.call('ZADD', hold, string.format('%.6f', hold_until), key)
+  redis.call('ZADD', hold, 'GT', string.format('%.6f', hold_until), key)  -- never lowers a longer hold
   redis.call('ZADD', lru, string.format('%.6f', now), key)
   local lk = lease_prefix .. id
   redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
@@ -35,7 +36,9 @@ for i = 1, #picked do
   out[#out + 1] = id
   out[#out + 1] = key
 end
-redis.call('PEXPIRE', hold, math.floor((math.max(cooldown, ttl) + 60) * 1000))
+-- The key holds other leases' proxies too: its TTL may only grow (a short lease must not drop a long hold).
+local keep = math.floor((math.max(cooldown, ttl) + 60) * 1000)
+if redis.call('PTTL', hold) < keep then redis.call('PEXPIRE', hold, keep) end
 return out
 """
 

@@ -1,0 +1,140 @@
+"""Security: the memory and Redis stores agree on what keeps one client from getting one proxy twice.
+
+Each case runs on `MemoryStore` and on `RedisStore` against a real redis-server (small candidate lists and
+uploaded candidate sets). Redis expires keys by its own clock, which the tests cannot move; `Stores.advance`
+does what that much time would do to the keys of the test's prefix (deletes those whose TTL runs out, shortens
+the rest), so a key TTL that is too short shows as a wrong answer, not as a wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+
+from service.discovery.memory import MemoryStore
+from service.discovery.redis_store import RedisStore
+from service.discovery.store import AcquireRequest, Store
+from tests.service.conftest import RedisServer
+
+NOW = 1_800_000_000.0
+
+
+@dataclass
+class Stores:
+    store: Store
+    redis: aioredis.Redis | None
+    prefix: str
+
+    async def advance(self, seconds: float) -> None:
+        """What `seconds` of Redis's clock would do to this test's keys (the memory store has no TTLs)."""
+        if self.redis is None:
+            return
+        gone = int(seconds * 1000)
+        async for key in self.redis.scan_iter(match=f"{self.prefix}:*"):
+            left = await self.redis.pttl(key)
+            if 0 <= left <= gone:
+                await self.redis.delete(key)
+            elif left > gone:
+                await self.redis.pexpire(key, left - gone)
+
+
+Scenario = Callable[[Stores], Awaitable[None]]
+
+
+@pytest.fixture(params=["memory", "redis", "redis-set"])
+def run(request: pytest.FixtureRequest) -> Callable[[Scenario], None]:
+    kind = str(request.param)
+
+    def run_scenario(scenario: Scenario) -> None:
+        async def main() -> None:
+            prefix = f"conf-{uuid.uuid4().hex[:8]}"
+            redis = None
+            store: Store = MemoryStore()
+            if kind != "memory":
+                server: RedisServer = request.getfixturevalue("redis_server")
+                small_set = 0 if kind == "redis-set" else 64
+                store = RedisStore.from_url(server.url, prefix=prefix, small_set=small_set)
+                redis = aioredis.Redis.from_url(server.url, decode_responses=True)
+            try:
+                await scenario(Stores(store, redis, prefix))
+            finally:
+                await store.close()
+                if redis is not None:
+                    await redis.aclose()
+
+        asyncio.run(main())
+
+    return run_scenario
+
+
+def lease(*candidates: str, tag: str, count: int = 1, ttl: float, sticky: bool = False) -> AcquireRequest:
+    return AcquireRequest(
+        client="crawler",
+        target="example.com",
+        candidates=list(candidates),
+        count=count,
+        ttl=ttl,
+        cooldown=10,
+        lease_ids=[f"{tag}-{i}" for i in range(count)],
+        ignore_cooldown=sticky,
+    )
+
+
+def test_a_short_lease_keeps_a_longer_lease_s_hold(run: Callable[[Scenario], None]) -> None:
+    """Before the fix, Redis's hold key took the short lease's TTL: A came back while its lease ran."""
+
+    async def scenario(s: Stores) -> None:
+        long = await s.store.acquire(lease("a", "b", tag="long", ttl=3600), now=NOW)
+        assert [x.proxy for x in long.leases] == ["a"]
+        short = await s.store.acquire(lease("a", "b", tag="short", ttl=1), now=NOW + 1)
+        assert [x.proxy for x in short.leases] == ["b"]
+        await s.advance(600)
+        again = await s.store.acquire(lease("a", "b", tag="again", count=2, ttl=60), now=NOW + 601)
+        assert [x.proxy for x in again.leases] == ["b"]  # never a second lease on a while it is held
+        assert again.earliest == pytest.approx(NOW + 3600)
+
+    run(scenario)
+
+
+def test_a_short_sticky_lease_keeps_a_longer_lease_s_hold(run: Callable[[Scenario], None]) -> None:
+    """A session re-using its proxy with a short ttl must not lower the hold of the long lease it has."""
+
+    async def scenario(s: Stores) -> None:
+        await s.store.acquire(lease("a", tag="long", ttl=3600), now=NOW)
+        sticky = await s.store.acquire(lease("a", tag="sticky", ttl=1, sticky=True), now=NOW + 1)
+        assert [x.proxy for x in sticky.leases] == ["a"]
+        await s.advance(600)
+        again = await s.store.acquire(lease("a", tag="again", ttl=60), now=NOW + 601)
+        assert again.leases == []
+        assert again.earliest == pytest.approx(NOW + 3600)
+
+    run(scenario)
+
+
+def test_releasing_the_short_lease_keeps_the_long_hold(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        await s.store.acquire(lease("a", "b", tag="long", ttl=3600), now=NOW)
+        short = await s.store.acquire(lease("a", "b", tag="short", ttl=30), now=NOW + 1)
+        assert await s.store.release(short.leases[0].lease_id, now=NOW + 2, cooldown=10) is not None
+        await s.advance(600)
+        again = await s.store.acquire(lease("a", "b", tag="again", count=2, ttl=60), now=NOW + 601)
+        assert [x.proxy for x in again.leases] == ["b"]
+
+    run(scenario)
+
+
+def test_a_renewal_keeps_the_hold_key_alive(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        first = await s.store.acquire(lease("a", "b", tag="first", ttl=30), now=NOW)
+        await s.store.acquire(lease("a", "b", tag="other", ttl=1), now=NOW + 1)
+        assert await s.store.renew(first.leases[0].lease_id, now=NOW + 20, ttl=3600, cooldown=10) is not None
+        await s.advance(1200)
+        again = await s.store.acquire(lease("a", "b", tag="again", count=2, ttl=60), now=NOW + 1220)
+        assert [x.proxy for x in again.leases] == ["b"]
+
+    run(scenario)
