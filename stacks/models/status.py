@@ -29,7 +29,7 @@ class Address(WireModel):
 class LastOperation(WireModel):
     model_config = ConfigDict(extra="ignore")
 
-    type: str = Field(description="up, destroy, refresh, forget or preview.")
+    type: str = Field(description="up, destroy, refresh or forget.")
     result: str = Field(description="succeeded, failed or in-progress.")
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -47,5 +47,8 @@ class ProxyStatus(WireModel):
     address: Address | None = None
     egress_ip: str | None = Field(default=None, alias="egressIP")
     observed_spec_hash: str | None = None
+    observed_generation: int | None = Field(
+        default=None, description="The metadata.generation of the Proxy that this status describes."
+    )
     stack: str | None = None
     last_operation: LastOperation | None = None
