@@ -6,7 +6,7 @@ import os
 import shutil
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +46,10 @@ class EngineConfig:
     hostname: str = field(default_factory=socket.gethostname)
     installation: str | None = None  # tagged as the owner of every stack this engine creates
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # Given the host of a stack lock that is not `hostname`: is that holder gone for good, so its lock may be
+    # cancelled? None: other hosts' locks are never recovered. In a cluster the service passes a check of the
+    # Lease and the pods (service.kube.holder); it may block (operations run in threads).
+    foreign_lock_gone: Callable[[str], bool] | None = field(default=None, compare=False)
 
     def environment(self) -> dict[str, str]:
         """Environment of every CLI call: the CLI's folder (a bundle's plugins), then our interpreter's (the

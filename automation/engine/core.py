@@ -42,7 +42,7 @@ class Engine:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._command = PulumiAt(config.pulumi)
-        self._locks = LockRecovery(hostname=config.hostname)
+        self._locks = LockRecovery(hostname=config.hostname, foreign_gone=config.foreign_lock_gone)
 
     # --- operations -----------------------------------------------------------------------------------
 
@@ -217,7 +217,8 @@ class Engine:
         return stack
 
     def _retry_lock(self, stack: auto.Stack, operation: Callable[[], Any]) -> Any:
-        """Run; on a lock whose owner process is gone, recover it once and run again."""
+        """Run; on a lock whose owner is gone (a dead pid here, or a replica that `foreign_lock_gone` says is
+        gone), recover it once and run again."""
         try:
             return operation()
         except auto.errors.ConcurrentUpdateError as exc:

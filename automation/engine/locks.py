@@ -4,8 +4,10 @@ A self-managed backend (file://, s3://, gs://) writes a lock file per running op
 host and pid; a crash or a kill leaves it behind and every later operation fails with "the stack is
 currently locked". The CLI's error lists each lock as `<path>: created by <user>@<host> (pid <n>) at <t>`.
 A lock taken on this host by a process that no longer exists cannot be released by anyone else, so we
-cancel it (`pulumi cancel` deletes the lock file) and log that we did. Locks of live processes, or of other
-hosts (another replica may still be running), are left alone: that stays a transient StackLocked error.
+cancel it (`pulumi cancel` deletes the lock file) and log that we did. A lock of another host (in a cluster:
+another replica, the host being its pod name) is cancelled only when the injected `foreign_gone(host)`
+answers True (the service asks the Lease and the pods); without it, or when it answers False, the lock is
+left alone and stays a transient StackLocked error. Locks of live processes on this host are left alone.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -53,30 +56,62 @@ def process_alive(pid: int) -> bool:
 
 
 @dataclass(frozen=True)
+class StaleLock:
+    owner: LockOwner
+    why: str
+
+
+@dataclass(frozen=True)
 class LockRecovery:
     hostname: str
+    foreign_gone: Callable[[str], bool] | None = None  # given another host's name: is it gone for good?
 
-    def stale(self, message: str) -> list[LockOwner]:
-        """The locks in `message` that are ours to recover; empty if any lock is still owned."""
-        owners = lock_owners(message)
-        if not owners:
-            return []
-        if any(owner.host != self.hostname or process_alive(owner.pid) for owner in owners):
-            return []
-        return owners
+    def stale(self, message: str) -> list[StaleLock]:
+        """The locks in `message` that are ours to recover; empty if any lock may still be owned."""
+        found = []
+        for owner in lock_owners(message):
+            why = self._why_stale(owner)
+            if why is None:
+                return []
+            found.append(StaleLock(owner, why))
+        return found
+
+    def _why_stale(self, owner: LockOwner) -> str | None:
+        if owner.host == self.hostname:
+            return None if process_alive(owner.pid) else f"pid {owner.pid} on this host is gone"
+        if self.foreign_gone is None:
+            return None
+        try:
+            gone = self.foreign_gone(owner.host)
+        except Exception:  # a failing check must not turn into a cancel, nor hide the lock error
+            log.exception("cannot tell whether %s, holding a stack lock, is gone", owner.host)
+            return None
+        return (
+            f"its holder {owner.host} is gone (no longer leader, pod gone or lease expired)" if gone else None
+        )
 
     def recover_if_stale(self, *, stack: Cancellable, message: str) -> bool:
-        owners = self.stale(message)
-        if not owners:
+        stale = self.stale(message)
+        if not stale:
             return False
         stack.cancel()
-        for owner in owners:
+        for lock in stale:
             log.warning(
-                "recovered stale lock of stack %s: %s was held by pid %d on %s, which is gone",
+                "recovered stale lock of stack %s: %s was held by %s@%s (pid %d): %s",
                 stack.name,
-                owner.path,
-                owner.pid,
-                owner.host,
-                extra={"fields": {"stack": stack.name, "lock": owner.path, "pid": owner.pid}},
+                lock.owner.path,
+                lock.owner.user,
+                lock.owner.host,
+                lock.owner.pid,
+                lock.why,
+                extra={
+                    "fields": {
+                        "stack": stack.name,
+                        "lock": lock.owner.path,
+                        "host": lock.owner.host,
+                        "pid": lock.owner.pid,
+                        "why": lock.why,
+                    }
+                },
             )
         return True
