@@ -215,6 +215,10 @@ class Planner:
             self._by_stack[new].add(key)
         return {name for name in (old, new) if name}
 
+    def stack_of(self, key: str) -> str | None:
+        """The stack a proxy's resources are in or go to (None: nowhere yet)."""
+        return self._home.get(key)
+
     def _placement(self, key: str) -> str | None:
         """Where a proxy's resources are or go: a leaving or held proxy stays where its last good version
         is (an unknown provider holds it on its old stack); a valid one goes to its provider."""

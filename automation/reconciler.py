@@ -76,6 +76,7 @@ class Reconciler:
     _owned: dict[str, Ownership] = field(default_factory=dict)
     _refusals: dict[str, str] = field(default_factory=dict)  # stack -> why we leave it alone
     _drift_due: set[str] = field(default_factory=set)
+    _run_due: set[str] = field(default_factory=set)  # an `up` was asked for (reconcile-requested-at)
 
     async def __call__(self, name: str) -> None:
         await self.load_stack(name)
@@ -90,9 +91,10 @@ class Reconciler:
             raise self._provider_missing(plan)
         resolved = self._resolve(plan)
         drift_correct = name in self._drift_due and plan.entry.drift_policy == "correct"
+        forced = name in self._run_due
         missing = await self._detect_drift(name) if name in self._drift_due and not drift_correct else set()
-        if drift_correct or resolved.input.spec_hash != self._applied.get(name):
-            await self._up(plan, resolved, refresh=drift_correct)
+        if forced or drift_correct or resolved.input.spec_hash != self._applied.get(name):
+            await self._up(plan, resolved, refresh=drift_correct or forced)
         else:
             self.reporter.stack_applied(
                 plan,
@@ -142,6 +144,13 @@ class Reconciler:
     def request_drift_check(self, name: str) -> None:
         """Mark a stack for a drift check on its next run (the resync timer submits it to the queue)."""
         self._drift_due.add(name)
+
+    def run_due(self, name: str) -> bool:
+        return name in self._run_due
+
+    def request_run(self, name: str) -> None:
+        """Run `up` (with a refresh) on the stack's next run even if its input did not change."""
+        self._run_due.add(name)
 
     # --- steps ------------------------------------------------------------------------------------------
 
@@ -221,6 +230,7 @@ class Reconciler:
         self._applied[plan.name] = resolved.input.spec_hash
         self._outputs[plan.name] = result.outputs
         self._drift_due.discard(plan.name)
+        self._run_due.discard(plan.name)
         self.planner.mark_applied(plan)
         self.reporter.stack_applied(plan, outputs=result.outputs, result=result, held=set(resolved.held))
 

@@ -77,6 +77,7 @@ class Controller:
         self.started = False
         self._monotonic = monotonic
         self._last_repair: dict[str, float] = {}
+        self._forced = 0  # requested runs so far: part of their stacks' hints, so each one is a new input
         self.loop_error: str | None = None  # the last pass's failure, None while the loop is well
 
     # --- driving ----------------------------------------------------------------------------------------
@@ -140,6 +141,7 @@ class Controller:
             self._pending_deletions.pop(proxy.key, None)  # declared again: no longer leaving
             dirty |= self.planner.upsert(proxy)
         dirty |= self._apply_deletions(change.deletions)
+        dirty |= self._requested_runs(change.requested)
         for proxy in [*change.upserts, *change.deletions]:
             self._report_validity(proxy)
         if change.catalogue is not None or change.upserts or change.deletions or change.held:
@@ -150,6 +152,15 @@ class Controller:
         if not change.empty:
             self.inventory.mark_loaded()
         return dirty
+
+    def _requested_runs(self, keys: set[str]) -> set[str]:
+        """Stacks asked to run now (reconcile-requested-at, new credentials): `up` even if unchanged."""
+        stacks = {self.planner.stack_of(key) for key in keys} - {None} - self._foreign
+        for name in stacks:
+            assert name is not None
+            self.reconciler.request_run(name)
+            self._forced += 1
+        return {name for name in stacks if name is not None}
 
     async def run(self, stop: asyncio.Event) -> None:
         """Watch the source until `stop` is set; request drift checks every resync interval. A pass that
@@ -231,7 +242,13 @@ class Controller:
 
     def _hint(self, name: str) -> object:
         plan = self.planner.plan(name)
-        return (plan.spec_hash, tuple(p.key for p in plan.deleting), tuple(p.key for p in plan.forget))
+        forced = self._forced if self.reconciler.run_due(name) else 0
+        return (
+            plan.spec_hash,
+            tuple(p.key for p in plan.deleting),
+            tuple(p.key for p in plan.forget),
+            forced,
+        )
 
     def _publish_applied(self, name: str, applied: list[Proxy]) -> None:
         """What a stack's outputs say runs is known (and served once probes pass) before any run: a fault

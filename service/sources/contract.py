@@ -43,10 +43,17 @@ class SourceChange:
     complete: bool = True
     held: dict[str, Hold] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
+    requested: set[str] = field(default_factory=set)  # Proxies whose stack must run now (their inputs)
 
     @property
     def empty(self) -> bool:
-        return self.catalogue is None and not self.upserts and not self.deletions and not self.held
+        return (
+            self.catalogue is None
+            and not self.upserts
+            and not self.deletions
+            and not self.held
+            and not self.requested
+        )
 
 
 class Source(Protocol):

@@ -1,0 +1,222 @@
+"""The Kubernetes source against a real kube-apiserver: what each poll declares, and the finalizer.
+
+Every test works in its own namespace with its own source (list + watch threads on the real apiserver).
+No Pulumi here: the control loop's side is in test_incluster_engine.py.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+
+from service.kube.client import request_json
+from service.kube.settings import KubeSettings
+from service.sources.contract import SourceChange
+from service.sources.kubernetes import FINALIZER, PAUSED, RECONCILE_REQUESTED, KubernetesSource, slim_proxy
+from stacks.models import Proxy
+from stacks.models.conditions import Reason
+
+CATALOGUE = "providers:\n  - name: local\n    type: local\n    bindAddress: 127.0.0.1\n"
+BASE = "/apis/crawl.example.com/v1alpha1"
+
+
+def proxy_doc(namespace: str, name: str, port: int = 18500, **annotations: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "crawl.example.com/v1alpha1",
+        "kind": "Proxy",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {"provider": "local", "port": port, "allowedSourceRanges": ["127.0.0.0/8"]},
+    }
+
+
+@pytest.fixture
+def namespace(kube_client: ApiClient) -> str:
+    name = f"src-{uuid.uuid4().hex[:8]}"
+    request_json(kube_client, "POST", "/api/v1/namespaces", body={"metadata": {"name": name}})
+    request_json(
+        kube_client,
+        "POST",
+        f"/api/v1/namespaces/{name}/configmaps",
+        body={"metadata": {"name": "proxy-operator-providers"}, "data": {"providers.yaml": CATALOGUE}},
+    )
+    return name
+
+
+@pytest.fixture
+def make_source(kube_client: ApiClient, namespace: str) -> Iterator[Callable[..., KubernetesSource]]:
+    started: list[KubernetesSource] = []
+
+    def make(*, writes: bool = True) -> KubernetesSource:
+        settings = KubeSettings(namespaces=[namespace], namespace=namespace)
+        source = KubernetesSource(kube_client, settings, writes=writes)
+        source.start()
+        assert source.wait_synced(30), source.watch_errors()
+        started.append(source)
+        return source
+
+    yield make
+    for source in started:
+        source.stop()
+
+
+def create(api: ApiClient, doc: dict[str, Any]) -> dict[str, Any]:
+    ns = doc["metadata"]["namespace"]
+    return request_json(api, "POST", f"{BASE}/namespaces/{ns}/proxies", body=doc)
+
+
+def merge(api: ApiClient, where: str, patch: dict[str, Any]) -> None:
+    request_json(api, "PATCH", where, body=patch, content_type="application/merge-patch+json")
+
+
+def path(namespace: str, name: str) -> str:
+    return f"{BASE}/namespaces/{namespace}/proxies/{name}"
+
+
+def poll_until(
+    source: KubernetesSource, done: Callable[[SourceChange], bool], timeout: float = 20
+) -> SourceChange:
+    """Poll as the control loop does until the changes seen (merged) satisfy `done`."""
+    deadline = time.monotonic() + timeout
+    seen = SourceChange()
+    while time.monotonic() < deadline:
+        change = source.poll()
+        seen.upserts += change.upserts
+        seen.deletions += change.deletions
+        seen.held.update(change.held)
+        seen.requested |= change.requested
+        seen.problems += change.problems
+        seen.catalogue = change.catalogue or seen.catalogue
+        if done(seen):
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"not seen within {timeout} s: {seen}")
+
+
+def wait_for(check: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_a_new_proxy_is_passed_on_and_gets_the_finalizer(kube_client, namespace, make_source) -> None:
+    source = make_source()
+    create(kube_client, proxy_doc(namespace, "p1"))
+    change = poll_until(source, lambda c: bool(c.upserts))
+    assert [p.key for p in change.upserts] == [f"{namespace}/p1"]
+    assert change.catalogue is not None
+    assert change.catalogue.providers[0].name == "local"
+    wait_for(
+        lambda: (
+            FINALIZER
+            in request_json(kube_client, "GET", path(namespace, "p1"))["metadata"].get("finalizers", [])
+        )
+    )
+    # Our own finalizer write and any status write are not changes to reconcile.
+    time.sleep(0.3)
+    assert source.poll().upserts == []
+
+
+def test_a_follower_reads_but_never_writes(kube_client, namespace, make_source) -> None:
+    source = make_source(writes=False)
+    create(kube_client, proxy_doc(namespace, "p1"))
+    poll_until(source, lambda c: bool(c.upserts))
+    time.sleep(0.5)
+    assert not request_json(kube_client, "GET", path(namespace, "p1"))["metadata"].get("finalizers")
+
+
+def test_deletion_is_declared_by_the_timestamp_and_waits_for_release(
+    kube_client, namespace, make_source
+) -> None:
+    source = make_source()
+    create(kube_client, proxy_doc(namespace, "p1"))
+    poll_until(source, lambda c: bool(c.upserts))
+    wait_for(
+        lambda: (
+            FINALIZER
+            in request_json(kube_client, "GET", path(namespace, "p1"))["metadata"].get("finalizers", [])
+        )
+    )
+    request_json(kube_client, "DELETE", path(namespace, "p1"))
+    change = poll_until(source, lambda c: bool(c.deletions))
+    assert change.deletions[0].metadata.deletion_timestamp is not None
+    # The object waits behind our finalizer until the resources are gone.
+    assert request_json(kube_client, "GET", path(namespace, "p1"))["metadata"]["deletionTimestamp"]
+    source.release(f"{namespace}/p1")
+
+    def gone() -> bool:
+        try:
+            request_json(kube_client, "GET", path(namespace, "p1"))
+        except Exception:
+            return True
+        return False
+
+    wait_for(gone)
+
+
+def test_an_applied_proxy_absent_from_the_list_is_held_not_deleted(namespace, make_source) -> None:
+    source = make_source()
+    applied = Proxy.model_validate(proxy_doc(namespace, "ghost"))
+    source.track([applied])
+    change = poll_until(source, lambda c: f"{namespace}/ghost" in c.held)
+    assert change.deletions == []
+    assert change.held[f"{namespace}/ghost"].reason == Reason.NOT_FOUND
+
+
+def test_an_invalid_object_is_held_with_its_reason(kube_client, namespace, make_source) -> None:
+    """The CRD's rules and the model agree (test_crd_rules_matter), so the apiserver refuses what the model
+    refuses: the event of an object the model refuses is injected here as the watch would deliver it (an
+    object stored under an older, looser CRD)."""
+    source = make_source()
+    created = create(kube_client, proxy_doc(namespace, "p1"))
+    poll_until(source, lambda c: bool(c.upserts))
+    created["spec"]["port"] = 0
+    source._proxy_event("MODIFIED", slim_proxy(created))
+    change = poll_until(source, lambda c: f"{namespace}/p1" in c.held)
+    assert change.held[f"{namespace}/p1"].reason == Reason.INVALID_SPEC
+    assert "port" in change.held[f"{namespace}/p1"].message
+    assert change.deletions == []
+    assert change.upserts == []
+
+
+def test_paused_holds_changes_and_reconcile_requested_asks_a_run(kube_client, namespace, make_source) -> None:
+    source = make_source()
+    create(kube_client, proxy_doc(namespace, "p1"))
+    poll_until(source, lambda c: bool(c.upserts))
+    merge(
+        kube_client,
+        path(namespace, "p1"),
+        {"metadata": {"annotations": {PAUSED: "true"}}, "spec": {"port": 18501}},
+    )
+    change = poll_until(source, lambda c: f"{namespace}/p1" in c.held)
+    assert change.held[f"{namespace}/p1"].reason == Reason.PAUSED
+    assert change.upserts == []
+    merge(
+        kube_client,
+        path(namespace, "p1"),
+        {"metadata": {"annotations": {PAUSED: None, RECONCILE_REQUESTED: "1"}}},
+    )
+    change = poll_until(source, lambda c: bool(c.upserts) and f"{namespace}/p1" in c.requested)
+    assert change.upserts[0].spec.port == 18501
+
+
+def test_catalogue_edits_arrive_and_a_broken_one_keeps_the_last(kube_client, namespace, make_source) -> None:
+    source = make_source()
+    poll_until(source, lambda c: c.catalogue is not None)
+    cm = f"/api/v1/namespaces/{namespace}/configmaps/proxy-operator-providers"
+    edited = CATALOGUE + "  - name: local-b\n    type: local\n    bindAddress: 127.0.0.1\n"
+    request_json(kube_client, "PATCH", cm, body={"data": {"providers.yaml": edited}},
+                 content_type="application/merge-patch+json")  # fmt: skip
+    change = poll_until(source, lambda c: c.catalogue is not None and len(c.catalogue.providers) == 2)
+    assert {p.name for p in change.catalogue.providers} == {"local", "local-b"}
+    request_json(kube_client, "PATCH", cm, body={"data": {"providers.yaml": "providers: [: broken"}},
+                 content_type="application/merge-patch+json")  # fmt: skip
+    change = poll_until(source, lambda c: bool(c.problems))
+    assert change.catalogue is None
+    assert source.catalogue is not None
+    assert len(source.catalogue.providers) == 2
