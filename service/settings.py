@@ -44,6 +44,13 @@ class DiscoverySettings(BaseSettings):
     )
     max_wait_seconds: float = Field(30.0, ge=0, le=30, description="Longest `wait` a lease request may ask.")
     max_count: int = Field(100, ge=1, le=1000, description="Most proxies one lease request may ask for.")
+    max_body_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest request body, counted as it streams in (larger: 413); only a known token may "
+        "send a body at all (else 401, before any of it is read).",
+    )
 
     @model_validator(mode="after")
     def _redis_needs_url(self) -> DiscoverySettings:

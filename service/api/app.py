@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from prometheus_client import CollectorRegistry
 
+from service.api.body_guard import BodyGuard
 from service.api.deps import ApiContext, DeletionGate, ReadyCheck, StackInspector
 from service.api.errors import install_error_handlers, responses
 from service.api.fast_lease import LeaseFastPath
@@ -68,6 +69,9 @@ def create_app(
         endpoint=leases.create_lease,
         body_model=LeaseBody,
         error_handlers=app.exception_handlers,
+    )
+    app.add_middleware(  # outside the fast path, which reads the body too
+        BodyGuard, authenticator=authenticator, limit=discovery.settings.max_body_bytes
     )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(probes.router)  # probes take what kubelets and Prometheus send

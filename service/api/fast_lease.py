@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
+from service.api.body_guard import STATE_CLIENT
 from service.auth import Scope as AuthScope
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,8 @@ class LeaseFastPath:
         if scheme.lower() != "bearer" or not token:
             return None
         body = await _read_body(receive, messages)
-        client = self._context.authenticator.authenticate(token) if body else None
+        known = scope.get("state", {}).get(STATE_CLIENT)  # BodyGuard checked this header already
+        client = (known or self._context.authenticator.authenticate(token)) if body else None
         if client is None or AuthScope.lease not in client.scopes:
             return None
         try:

@@ -15,6 +15,7 @@ _DOMAIN = re.compile(TARGET_PATTERN)
 TARGET_HELP = "a domain such as example.com (no scheme, port or path), or * for any"
 Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
 LabelKey = Annotated[str, Field(min_length=1, max_length=317, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]
+MAX_LABELS = 32  # as many as a selector needs; every list and map of a request body is bounded
 LabelValue = Annotated[str, Field(max_length=63, pattern=r"^[A-Za-z0-9._-]*$")]
 
 
@@ -40,7 +41,9 @@ class LeaseBody(_In):
     provider: Name | None = Field(None, description="Only proxies of this provider instance.")
     protocol: Literal["http", "socks5"] | None = Field(None, description="Only proxies of this protocol.")
     labels: dict[LabelKey, LabelValue] = Field(
-        default_factory=dict, description="Only proxies with all these."
+        default_factory=dict,
+        max_length=MAX_LABELS,
+        description=f"Only proxies with all these (at most {MAX_LABELS}).",
     )
     target: str | None = Field(
         None,
