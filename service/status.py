@@ -64,6 +64,11 @@ class StatusBoard:
             shown.conditions.append(self._ready[key].model_copy())
             return shown
 
+    def tracked(self) -> list[str]:
+        """The keys that have a status."""
+        with self._lock:
+            return list(self._status)
+
     def all(self) -> dict[str, ProxyStatus]:
         with self._lock:
             return {key: status.model_copy(deep=True) for key, status in self._status.items()}

@@ -1,0 +1,220 @@
+"""The StatusBoard written to each Proxy's status subresource, only when what it shows changed.
+
+Steps, in a worker thread (the board is called from the asyncio loop and from threads; the client blocks):
+1. the board's listener marks a key dirty (cheap, never blocks);
+2. the worker takes the dirty keys at once (many changes of one key make one write), looks up the live
+   object (`lookup`: namespace, name, uid), and renders the board's published status as the CRD's JSON;
+3. it compares with what it last wrote for that uid; for a uid it has not written yet, with the status the
+   object has (one GET: after a restart an unchanged status is not written again, and each condition keeps
+   the lastTransitionTime the object shows while its status is the same, and lastOperation and
+   observedGeneration stay while the board knows nothing newer);
+4. only a difference is written, as a JSON merge patch of exactly what differs (a field gone is a null).
+
+A 404 (the object is gone) is dropped quietly; other failures are retried per key with the `backoff`
+schedule and logged once per streak. Why a merge patch and not an update with resourceVersion:
+docs/decisions.md ("Status in the cluster").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client import ApiClient
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from service.kube.client import ApiException, request_json
+from service.kube.refs import Lookup, ProxyRef
+from service.status import StatusBoard
+from stacks.models import ProxyStatus
+
+__all__ = ["StatusWriter", "merge_patch", "render"]
+
+log = logging.getLogger(__name__)
+
+Json = dict[str, Any]
+NOT_FOUND = 404
+MERGE_PATCH = "application/merge-patch+json"
+HISTORY = ("lastOperation", "observedGeneration")
+BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before the n-th retry of one key (the last repeats)
+
+
+class StatusWriter:
+    def __init__(
+        self,
+        api: ApiClient,
+        board: StatusBoard,
+        lookup: Lookup,
+        *,
+        backoff: tuple[float, ...] = BACKOFF,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api, self.board, self.lookup = api, board, lookup
+        self.backoff, self.monotonic = backoff, monotonic
+        self.writes = 0  # status writes sent (metrics, tests)
+        self._written: dict[str, Json] = {}  # uid -> the status last written (or read) for it
+        self._uids: dict[str, str] = {}  # key -> uid, to forget what was written for a dropped key
+        self._dirty: set[str] = set()
+        self._retry_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._busy = False
+        self._stop = False
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Listen to the board, and write what it holds now (a new leader brings the cluster up to date)."""
+        self.board.subscribe(self.mark)
+        self._thread = threading.Thread(target=self._worker, name="status-writer", daemon=True)
+        self._thread.start()
+        for key in self.board.tracked():
+            self.mark(key)
+
+    def close(self, timeout: float = 5.0) -> None:
+        # The board keeps the listener (it cannot unsubscribe); after close, mark() only fills a set.
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def mark(self, key: str) -> None:
+        """The board's listener: the key's status may have changed."""
+        with self._cond:
+            self._dirty.add(key)
+            self._cond.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until nothing is dirty nor being written; False on timeout (a key waiting for a retry)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._dirty and not self._busy, timeout)
+
+    # --- the worker ---------------------------------------------------------------------------------------
+
+    def _worker(self) -> None:
+        while True:
+            with self._cond:
+                keys = self._take()
+                if keys is None:
+                    return
+                self._busy = True
+            for key in keys:
+                self._sync(key)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _take(self) -> list[str] | None:
+        """The dirty keys that are due (waiting under the lock); None when closing."""
+        while not self._stop:
+            now = self.monotonic()
+            due = [k for k in self._dirty if self._retry_at.get(k, 0.0) <= now]
+            if due:
+                self._dirty.difference_update(due)
+                return due
+            waits = [self._retry_at[k] - now for k in self._dirty if k in self._retry_at]
+            self._cond.wait(min(waits) if waits else None)
+        return None
+
+    def _sync(self, key: str) -> None:
+        try:
+            self._write(key)
+        except ApiException as exc:
+            if exc.status == NOT_FOUND:
+                log.debug("%s is gone: its status is not written", key)
+                self._forget(key)
+                return
+            self._failed(key, f"{exc.status} {exc.reason}")
+        except (Urllib3Error, OSError, ValueError) as exc:
+            self._failed(key, f"{type(exc).__name__}: {exc}")
+        else:
+            if self._failures.pop(key, 0):
+                log.info("%s: status written again", key)
+            with self._cond:
+                self._retry_at.pop(key, None)
+
+    def _write(self, key: str) -> None:
+        ref, status = self.lookup(key), self.board.published(key)
+        if ref is None or status is None:
+            self._forget(key)
+            return
+        self._uids[key] = ref.uid
+        base = self._written.get(ref.uid)
+        if base is None:
+            base = self._read(ref)
+        rendered = keep_history(keep_transition_times(render(status), base), base)
+        if rendered != base:
+            request_json(
+                self.api,
+                "PATCH",
+                ref.path("status"),
+                body={"status": merge_patch(base, rendered)},
+                content_type=MERGE_PATCH,
+                timeout=(5, 30),
+            )
+            self.writes += 1
+        self._written[ref.uid] = rendered
+
+    def _read(self, ref: ProxyRef) -> Json:
+        live = request_json(self.api, "GET", ref.path("status"), timeout=(5, 30))
+        status = live.get("status")
+        return status if isinstance(status, dict) else {}
+
+    def _forget(self, key: str) -> None:
+        uid = self._uids.pop(key, None)
+        if uid is not None:
+            self._written.pop(uid, None)
+        self._failures.pop(key, None)
+        with self._cond:
+            self._retry_at.pop(key, None)
+
+    def _failed(self, key: str, message: str) -> None:
+        failures = self._failures.get(key, 0) + 1
+        self._failures[key] = failures
+        if failures == 1:
+            log.warning("%s: cannot write its status (%s); retrying with backoff", key, message)
+        delay = self.backoff[min(failures, len(self.backoff)) - 1]
+        with self._cond:
+            self._retry_at[key] = self.monotonic() + delay
+            self._dirty.add(key)
+
+
+def render(status: ProxyStatus) -> Json:
+    """The status as the CRD's JSON (camelCase, absent fields left out)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def keep_transition_times(rendered: Json, base: Json) -> Json:
+    """Each condition keeps the lastTransitionTime of `base` while its status is the same."""
+    before = {c.get("type"): c for c in base.get("conditions") or [] if isinstance(c, dict)}
+    conditions = []
+    for condition in rendered.get("conditions") or []:
+        old = before.get(condition["type"])
+        if old is not None and old.get("status") == condition["status"] and old.get("lastTransitionTime"):
+            condition = {**condition, "lastTransitionTime": old["lastTransitionTime"]}
+        conditions.append(condition)
+    return {**rendered, "conditions": conditions} if "conditions" in rendered else rendered
+
+
+def keep_history(rendered: Json, base: Json) -> Json:
+    """What the object says happened (lastOperation, observedGeneration) stays while the board knows
+    nothing newer: a restarted service starts with an empty board but the same history."""
+    kept = {key: base[key] for key in HISTORY if key in base and key not in rendered}
+    return {**rendered, **kept}
+
+
+def merge_patch(old: Json, new: Json) -> Json:
+    """The RFC 7386 merge patch that turns `old` into `new` (a removed field is null; lists are replaced)."""
+    patch: Json = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        previous = old.get(key)
+        if isinstance(value, dict) and isinstance(previous, dict):
+            nested = merge_patch(previous, value)
+            if nested:
+                patch[key] = nested
+        elif value != previous:
+            patch[key] = value
+    return patch

@@ -1,0 +1,174 @@
+"""The StatusWriter against the real apiserver: a write per change, none in steady state, the CRD schema."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+from urllib3.exceptions import ProtocolError
+
+from service.kube.refs import ProxyRef
+from service.kube.status_writer import StatusWriter, merge_patch, render
+from service.status import StatusBoard
+from stacks.models import Address
+from stacks.models.conditions import ConditionType, Operation, Reason
+from tests.kube.proxies import create_proxy, delete_proxy, namespace, read_proxy
+
+IDLE = 30.0
+
+
+@pytest.fixture
+def ns(kube_client: ApiClient) -> Iterator[str]:
+    with namespace(kube_client, "status") as name:
+        yield name
+
+
+def applied(board: StatusBoard, ref: ProxyRef) -> None:
+    """What the control loop records for a proxy that came up (every call a no-op the second time)."""
+    board.operation_started(ref.key, type_=Operation.UP)
+    board.set_applied(
+        ref.key, stack="local", spec_hash="abc", address=Address(host="127.0.0.1", port=18081), generation=1
+    )
+    board.set_condition(ref.key, type_=ConditionType.PROVISIONED, true=True, reason=Reason.PROVISIONED)
+    board.operation_finished(ref.key, type_=Operation.UP, succeeded=True, message="1 created")
+
+
+def writer_for(client: ApiClient, board: StatusBoard, refs: dict[str, ProxyRef]) -> StatusWriter:
+    writer = StatusWriter(client, board, refs.get, backoff=(0.05,))
+    writer.start()
+    return writer
+
+
+def test_written_once_per_change_and_never_in_steady_state(kube_client: ApiClient, ns: str) -> None:
+    ref = create_proxy(kube_client, ns, "steady")
+    board = StatusBoard()
+    writer = writer_for(kube_client, board, {ref.key: ref})
+    try:
+        applied(board, ref)
+        assert writer.wait_idle(IDLE)
+        live = read_proxy(kube_client, ref)
+        published = board.published(ref.key)
+        assert published is not None
+        # read back as written: nothing pruned, so the rendering matches the CRD's status schema
+        assert live["status"] == render(published)
+        assert live["status"]["phase"] == "Ready"
+        assert live["status"]["observedGeneration"] == 1
+        assert {c["type"] for c in live["status"]["conditions"]} == {"Provisioned", "Ready"}
+        writes, version = writer.writes, live["metadata"]["resourceVersion"]
+
+        for _ in range(20):  # a quiet period: the loop repeats itself, the writer is woken up for nothing
+            board.set_condition(
+                ref.key, type_=ConditionType.PROVISIONED, true=True, reason=Reason.PROVISIONED
+            )
+            board.set_applied(
+                ref.key, stack="local", spec_hash="abc", address=Address(host="127.0.0.1", port=18081)
+            )
+            writer.mark(ref.key)
+        assert writer.wait_idle(IDLE)
+        assert writer.writes == writes
+        assert read_proxy(kube_client, ref)["metadata"]["resourceVersion"] == version
+
+        board.set_condition(ref.key, type_=ConditionType.HEALTHY, true=False, reason=Reason.PROBE_FAILED)
+        assert writer.wait_idle(IDLE)
+        assert writer.writes == writes + 1
+        assert read_proxy(kube_client, ref)["status"]["phase"] == "Degraded"
+    finally:
+        writer.close()
+
+
+def test_a_field_gone_from_the_board_is_removed_from_the_object(kube_client: ApiClient, ns: str) -> None:
+    ref = create_proxy(kube_client, ns, "egress")
+    board = StatusBoard()
+    writer = writer_for(kube_client, board, {ref.key: ref})
+    try:
+        applied(board, ref)
+        board.set_egress(ref.key, "203.0.113.9")
+        assert writer.wait_idle(IDLE)
+        assert read_proxy(kube_client, ref)["status"]["egressIP"] == "203.0.113.9"
+        board.set_egress(ref.key, None)
+        assert writer.wait_idle(IDLE)
+        assert "egressIP" not in read_proxy(kube_client, ref)["status"]
+    finally:
+        writer.close()
+
+
+def test_a_new_writer_does_not_rewrite_an_unchanged_status(kube_client: ApiClient, ns: str) -> None:
+    """After a restart or a leader change the board is rebuilt (new times, no run yet): nothing is written."""
+    ref = create_proxy(kube_client, ns, "restart")
+    old = StatusBoard()
+    first = writer_for(kube_client, old, {ref.key: ref})
+    applied(old, ref)
+    assert first.wait_idle(IDLE)
+    first.close()
+    before = read_proxy(kube_client, ref)
+
+    board = StatusBoard()  # what a restarted loop knows from the stack outputs, without running anything
+    board.set_applied(ref.key, stack="local", spec_hash="abc", address=Address(host="127.0.0.1", port=18081))
+    board.set_condition(ref.key, type_=ConditionType.PROVISIONED, true=True, reason=Reason.PROVISIONED)
+    second = writer_for(kube_client, board, {ref.key: ref})
+    try:
+        assert second.wait_idle(IDLE)
+        assert second.writes == 0
+        assert read_proxy(kube_client, ref) == before  # conditions' times, lastOperation, observedGeneration
+        board.set_egress(ref.key, "203.0.113.7")
+        assert second.wait_idle(IDLE)
+        after = read_proxy(kube_client, ref)["status"]
+        assert second.writes == 1
+        assert after == {**before["status"], "egressIP": "203.0.113.7"}
+    finally:
+        second.close()
+
+
+def test_a_gone_object_is_dropped_quietly(
+    kube_client: ApiClient, ns: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    ref = create_proxy(kube_client, ns, "gone")
+    delete_proxy(kube_client, ref)
+    board = StatusBoard()
+    writer = writer_for(kube_client, board, {ref.key: ref})
+    try:
+        with caplog.at_level(logging.INFO, logger="service.kube.status_writer"):
+            applied(board, ref)
+            assert writer.wait_idle(IDLE)  # no retry pending
+        assert writer.writes == 0
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        writer.close()
+
+
+def test_a_failing_write_is_retried_and_logged_once(
+    kube_client: ApiClient, ns: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ref = create_proxy(kube_client, ns, "retried")
+    real_call = kube_client.call_api
+    failures = iter(range(3))
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "status-writer" and next(failures, None) is not None:
+            raise ProtocolError("connection reset by the test")
+        return real_call(*args, **kwargs)
+
+    monkeypatch.setattr(kube_client, "call_api", flaky)
+    board = StatusBoard()
+    writer = writer_for(kube_client, board, {ref.key: ref})
+    try:
+        with caplog.at_level(logging.INFO, logger="service.kube.status_writer"):
+            applied(board, ref)
+            assert writer.wait_idle(IDLE)
+        warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(warnings) == 1
+        assert next(failures, None) is None  # all three failures happened
+        assert read_proxy(kube_client, ref)["status"]["phase"] == "Ready"
+    finally:
+        writer.close()
+
+
+def test_merge_patch_nulls_what_is_gone_and_keeps_what_is_equal() -> None:
+    old = {"a": 1, "b": {"x": 1, "y": 2}, "c": [1], "gone": "z"}
+    new = {"a": 1, "b": {"x": 1, "y": 3}, "c": [2]}
+    assert merge_patch(old, new) == {"gone": None, "b": {"y": 3}, "c": [2]}
+    assert merge_patch(new, new) == {}
