@@ -5,6 +5,8 @@ Input (stack config, namespace `proxy-operator`):
 - `proxies`: JSON list of {"namespace", "name", "labels", "spec"} (spec by alias);
 - `credentials` (secret): {"ns/name": {"username", "password"}} for proxies whose auth mode is `secret`;
 - `providerCredentials` (secret, optional): the GCP service-account key JSON or the kubeconfig;
+- `probeUrl` (optional, else $PROXY_OPERATOR_PROBE_URL): the health probe's URL, allowed through every
+  proxy's egress policy;
 - `kvmSshDir` (optional): where the SSH key and known_hosts are mounted (else $PROXY_OPERATOR_KVM_SSH_DIR);
 - `specHash`, `stack` (set by the automation): the stack spec hash, echoed back as an output.
 Output: `proxies` = {"ns/name": {"host", "port", "protocol", "instanceId"}}, secret `credentials`,
@@ -32,6 +34,7 @@ from stacks.models import ProviderEntry  # noqa: E402
 from stacks.programs import build_stack  # noqa: E402
 from stacks.programs.component import InvalidInputError, ProgramProxy  # noqa: E402
 from stacks.programs.context import DEFAULT_KVM_SSH_DIR, ProgramSettings  # noqa: E402
+from stacks.programs.probe_allow import PROBE_URL_ENV  # noqa: E402
 
 
 def _settings(config: pulumi.Config) -> ProgramSettings:
@@ -43,6 +46,7 @@ def _settings(config: pulumi.Config) -> ProgramSettings:
         provider_credentials=config.get_secret("providerCredentials"),
         kvm_ssh_dir=config.get("kvmSshDir")
         or os.environ.get("PROXY_OPERATOR_KVM_SSH_DIR", DEFAULT_KVM_SSH_DIR),
+        probe_url=config.get("probeUrl") or os.environ.get(PROBE_URL_ENV),
     )
 
 

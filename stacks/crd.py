@@ -41,6 +41,12 @@ FIELD_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
             "message": "not a CIDR: write it like 203.0.113.0/24 or 2001:db8::/32",
         }
     ],
+    ("egress", "allow", "items", "cidr"): [  # EgressRule._cidr
+        {
+            "rule": "isIP(self) || isCIDR(self)",
+            "message": "not a CIDR: write it like 203.0.113.0/24 or 2001:db8::/32",
+        }
+    ],
     ("local", "bindAddress"): [  # LocalProxySpec._ip_address
         {"rule": "isIP(self)", "message": "not an IP address: use one such as 127.0.0.1"}
     ],

@@ -6,6 +6,7 @@ from `stacks.models`; the submodules are an implementation detail.
 """
 
 from stacks.models.blocks import GcpProxySpec, KubernetesProxySpec, KvmProxySpec, LocalProxySpec
+from stacks.models.egress import DEFAULT_ALLOW_PORTS, EgressRule, EgressSpec
 from stacks.models.providers import (
     KVM_URI_SHAPE,
     GcpProvider,
@@ -43,6 +44,7 @@ __all__ = [
     "API_GROUP",
     "API_VERSION",
     "CIDR_PATTERN",
+    "DEFAULT_ALLOW_PORTS",
     "DEFAULT_GCP_IMAGE",
     "DEFAULT_KUBERNETES_IMAGE",
     "DEFAULT_KVM_BASE_IMAGE",
@@ -56,6 +58,8 @@ __all__ = [
     "Cidr",
     "Condition",
     "Dns1123Label",
+    "EgressRule",
+    "EgressSpec",
     "GcpProvider",
     "GcpProxySpec",
     "KubernetesProvider",

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from stacks.models.blocks import GcpProxySpec, KubernetesProxySpec, KvmProxySpec, LocalProxySpec
+from stacks.models.egress import EgressSpec
 from stacks.models.status import ProxyStatus
 from stacks.models.wire import (
     API_VERSION,
@@ -105,6 +106,11 @@ class ProxySpec(WireModel):
         validate_default=True,
         max_length=256,
         description="CIDRs that may connect; empty means all.",
+    )
+    egress: EgressSpec = Field(
+        default_factory=lambda: EgressSpec.model_validate({}),
+        json_schema_extra={"default": {}},
+        description="Where the proxy may connect to; default public addresses on ports 80 and 443.",
     )
     kubernetes: KubernetesProxySpec | None = None
     gcp: GcpProxySpec | None = None

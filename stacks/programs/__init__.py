@@ -14,6 +14,7 @@ import pulumi
 
 from stacks.programs.component import ProgramProxy
 from stacks.programs.context import ProgramSettings, proxy_context
+from stacks.programs.probe_allow import probe_rules
 
 BUILDERS = {
     "kubernetes": "stacks.programs.kubernetes",
@@ -43,7 +44,8 @@ def build_stack(
 ) -> StackOutputs:
     """Declare every proxy's resources for the catalogue entry; return the stack outputs."""
     builder = importlib.import_module(BUILDERS[entry.type])
-    contexts = [proxy_context(proxy, given_credentials) for proxy in proxies]
+    probe = probe_rules(settings.probe_url)
+    contexts = [proxy_context(proxy, given_credentials, probe) for proxy in proxies]
     endpoints = builder.build(entry, contexts, settings)
     credentials = {ctx.proxy.key: ctx.credentials.to_output() for ctx in contexts if ctx.credentials}
     return StackOutputs(

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pulumi
 
+from stacks.models import EgressRule, EgressSpec
 from stacks.programs.component import Credentials, InvalidInputError, ProgramProxy, ProxyComponent
 from stacks.programs.credentials import GeneratedCredentials
+from stacks.programs.probe_allow import with_rules
 from stacks.programs.proxy_config import ProxySettings, check_credentials
 
 DEFAULT_KVM_SSH_DIR = "/etc/proxy-operator/kvm"
@@ -21,6 +23,7 @@ class ProgramSettings:
     root_dir: str
     provider_credentials: pulumi.Output[str] | None = None  # gcp key JSON or kubeconfig, a secret
     kvm_ssh_dir: str = DEFAULT_KVM_SSH_DIR
+    probe_url: str | None = None  # the health probe's URL: its endpoint is allowed through every proxy
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,7 @@ class ProxyContext:
     proxy: ProgramProxy
     component: ProxyComponent
     credentials: OutputCredentials | None
+    egress: EgressSpec  # spec.egress plus the program's own allows (the probe's echo endpoint)
 
 
 class MissingCredentialsError(InvalidInputError):
@@ -73,10 +77,15 @@ def resolve_credentials(
     return OutputCredentials(username=generated.username, password=generated.password)
 
 
-def proxy_context(proxy: ProgramProxy, given_credentials: Mapping[str, Any]) -> ProxyContext:
+def proxy_context(
+    proxy: ProgramProxy, given_credentials: Mapping[str, Any], extra_allow: Sequence[EgressRule] = ()
+) -> ProxyContext:
     component = ProxyComponent(proxy.key)
     return ProxyContext(
-        proxy=proxy, component=component, credentials=resolve_credentials(proxy, component, given_credentials)
+        proxy=proxy,
+        component=component,
+        credentials=resolve_credentials(proxy, component, given_credentials),
+        egress=with_rules(proxy.spec.egress, list(extra_allow)),
     )
 
 
@@ -89,6 +98,7 @@ def proxy_settings(ctx: ProxyContext) -> pulumi.Output[ProxySettings]:
             port=spec.port,
             protocol=spec.protocol.value,
             allowed_source_ranges=tuple(spec.allowed_source_ranges),
+            egress=ctx.egress,
             credentials=Credentials(username=creds[0], password=creds[1]) if creds else None,
         )
 

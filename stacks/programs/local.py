@@ -1,17 +1,16 @@
-"""The `local` provider type: each proxy is a pproxy process on this machine, run by a dynamic provider.
+"""The `local` provider type: each proxy is a process on this machine, run by a dynamic provider.
+
+The process is `stacks.forward_proxy` (HTTP + CONNECT, or SOCKS5): it enforces the egress policy on the
+address it connects to, and admits only `allowedSourceRanges` (when set). It starts with a minimal
+environment and reads its credentials and policy from a 0600 file in the state folder.
 
 `read` reports the resource gone when the process died (or its pid now belongs to someone else), so
 `refresh` drops it from state and the next `up` starts it again. A change of port, protocol, bind address or
 credentials replaces the process (stop first: the new one wants the same port).
-
-pproxy has no source allow-list: `allowedSourceRanges` is enforced only through the bind address (bind to
-127.0.0.1 and only this machine can connect). The program warns when ranges are set on a wider bind.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,13 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
-from stacks.models import LocalProvider
+from stacks.forward_proxy.config import ProxyConfig
+from stacks.models import EgressSpec, LocalProvider
 from stacks.programs import local_process as proc
 from stacks.programs.component import ProxyEndpoint, child_opts
 from stacks.programs.context import ProgramSettings, ProxyContext
 
-REPLACE_ON = ("bind_address", "port", "protocol", "username", "password")
+REPLACE_ON = ("bind_address", "port", "protocol", "username", "password", "egress", "sources")
 RUNTIME_OUTPUTS = ("pid", "start_time", "log_path")
 
 
@@ -34,27 +34,28 @@ def _ref(props: dict[str, Any]) -> proc.ProcessRef | None:
     return proc.ProcessRef(pid=int(props["pid"]), start_time=int(props["start_time"]))
 
 
-def _write_auth_file(path: Path, username: str, password: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"{username}:{password}\n")
+def _config(props: dict[str, Any]) -> ProxyConfig:
+    return ProxyConfig(
+        bind=props["bind_address"],
+        port=int(props["port"]),
+        protocol=props["protocol"],
+        egress=EgressSpec.model_validate(props.get("egress") or {}),
+        sources=tuple(props.get("sources") or ()),
+        username=props.get("username") or None,
+        password=props.get("password") or None,
+    )
 
 
 class LocalProxyProvider(ResourceProvider):
-    """CRUD for one pproxy process; instances are stateless so dill pickles them by reference."""
+    """CRUD for one proxy process; instances are stateless so dill pickles them by reference."""
 
     def create(self, props: dict[str, Any]) -> CreateResult:
         state_dir = Path(props["state_dir"])
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_path = state_dir / f"{props['stem']}.log"
-        auth_file = None
-        if props.get("username"):
-            auth_file = state_dir / f"{props['stem']}.auth"
-            _write_auth_file(auth_file, props["username"], props["password"])
-        command = proc.pproxy_command(
-            scheme=props["protocol"], bind=props["bind_address"], port=int(props["port"]), auth_file=auth_file
-        )
-        ref = proc.spawn(command, log_path=log_path)
+        config_file = state_dir / f"{props['stem']}.json"
+        _config(props).write(config_file)
+        ref = proc.spawn(proc.proxy_command(config_file), log_path=log_path)
         host = proc.probe_host(props["bind_address"])
         proc.wait_until_listening(ref, host=host, port=int(props["port"]), log_path=log_path)
         outs = {**props, "pid": ref.pid, "start_time": ref.start_time, "log_path": str(log_path)}
@@ -81,7 +82,8 @@ class LocalProxyProvider(ResourceProvider):
             proc.stop(ref)
         stem = props.get("stem")
         if stem and props.get("state_dir"):
-            Path(props["state_dir"], f"{stem}.auth").unlink(missing_ok=True)
+            for suffix in (".json", ".auth"):  # .auth: pproxy's file, from before the upgrade
+                Path(props["state_dir"], f"{stem}{suffix}").unlink(missing_ok=True)
 
 
 class LocalProxy(Resource, module="proxy-operator", name="LocalProxy"):
@@ -101,19 +103,9 @@ def state_dir(entry: LocalProvider, settings: ProgramSettings) -> Path:
     return Path(entry.state_dir) if entry.state_dir else Path(settings.root_dir) / ".state" / "local-proxies"
 
 
-def _warn_if_ranges_unenforced(ctx: ProxyContext, bind: str) -> None:
-    ranges = ctx.proxy.spec.allowed_source_ranges
-    if ranges and not ipaddress.ip_address(bind).is_loopback:
-        pulumi.log.warn(
-            f"{ctx.proxy.key}: pproxy cannot filter sources, so allowedSourceRanges {ranges} is not enforced "
-            f"on {bind}; bind to 127.0.0.1 or use another provider type"
-        )
-
-
 def _proxy(entry: LocalProvider, ctx: ProxyContext, settings: ProgramSettings) -> ProxyEndpoint:
     spec = ctx.proxy.spec
     bind = spec.local.bind_address if spec.local else entry.bind_address
-    _warn_if_ranges_unenforced(ctx, bind)
     props: dict[str, Any] = {
         "key": ctx.proxy.key,
         "stem": re.sub(r"[^A-Za-z0-9.-]+", "_", ctx.proxy.key),
@@ -123,6 +115,8 @@ def _proxy(entry: LocalProvider, ctx: ProxyContext, settings: ProgramSettings) -
         "protocol": spec.protocol.value,
         "username": ctx.credentials.username if ctx.credentials else None,
         "password": ctx.credentials.password if ctx.credentials else None,
+        "egress": ctx.egress.model_dump(by_alias=True, mode="json"),
+        "sources": list(spec.allowed_source_ranges),
     }
     process = LocalProxy(ctx.proxy.key, props, child_opts(ctx.component))
     return ProxyEndpoint(

@@ -1,4 +1,4 @@
-"""Starting, recognising and stopping a detached pproxy process on this machine.
+"""Starting, recognising and stopping a detached proxy process (`stacks.forward_proxy`) on this machine.
 
 A process is identified by its pid AND its start time (field 22 of /proc/<pid>/stat), so a pid that the
 kernel handed to some other program after ours died is never mistaken for our proxy, nor signalled.
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 READY_TIMEOUT = 15.0
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 STOP_GRACE = 5.0
 POLL = 0.05
 
@@ -52,16 +53,19 @@ def is_running(ref: ProcessRef) -> bool:
     return start_time(ref.pid) == ref.start_time
 
 
-def pproxy_command(*, scheme: str, bind: str, port: int, auth_file: Path | None) -> list[str]:
-    host = f"[{bind}]" if ":" in bind else bind
-    listen = f"{scheme}://{host}:{port}"
-    if auth_file is not None:
-        # `##path` makes pproxy read `user:pass` from a file, keeping the password out of /proc/*/cmdline.
-        if "__" in str(auth_file):
-            raise ValueError(f"{auth_file}: pproxy splits its URI at '__'; choose a state_dir without it")
-        listen += f"##{auth_file}"
-    # --auth=-1: pproxy otherwise trusts an address for 30 days after one good login, without asking again.
-    return [sys.executable, "-m", "pproxy", "-l", listen, "--auth=-1"]
+def proxy_command(config_file: Path) -> list[str]:
+    """Our filtering forward proxy (`stacks.forward_proxy`) on a 0600 config file (credentials and policy)."""
+    return [sys.executable, "-m", "stacks.forward_proxy", str(config_file)]
+
+
+def child_environment() -> dict[str, str]:
+    """The proxy's whole environment: never the service's (passphrase, cloud keys), only what Python needs."""
+    return {
+        "PATH": os.defpath,
+        "PYTHONPATH": PACKAGE_ROOT,  # `stacks` importable from any working directory
+        "PYTHONUNBUFFERED": "1",  # the log shows the proxy's lines as they happen
+        "LANG": "C.UTF-8",
+    }
 
 
 def spawn(command: list[str], *, log_path: Path) -> ProcessRef:
@@ -72,8 +76,7 @@ def spawn(command: list[str], *, log_path: Path) -> ProcessRef:
             (os.POSIX_SPAWN_DUP2, log.fileno(), 1),
             (os.POSIX_SPAWN_DUP2, log.fileno(), 2),
         ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the log shows pproxy's lines as they happen
-        pid = os.posix_spawn(command[0], command, env, file_actions=actions, setsid=True)
+        pid = os.posix_spawn(command[0], command, child_environment(), file_actions=actions, setsid=True)
     started = start_time(pid)
     if started is None:
         raise ProxyStartError(f"{command[0]} exited at once; see {log_path}")
@@ -124,12 +127,14 @@ def wait_until_listening(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not is_running(ref):
-            raise ProxyStartError(f"pproxy exited before listening on {host}:{port}: {_tail(log_path)}")
+            raise ProxyStartError(f"the proxy exited before listening on {host}:{port}: {_tail(log_path)}")
         if port in listening_ports(ref.pid) and _accepts(host, port):
             return
         time.sleep(POLL)
     stop(ref)
-    raise ProxyStartError(f"pproxy did not listen on {host}:{port} within {timeout:.0f}s: {_tail(log_path)}")
+    raise ProxyStartError(
+        f"the proxy did not listen on {host}:{port} within {timeout:.0f}s: {_tail(log_path)}"
+    )
 
 
 def stop(ref: ProcessRef, *, grace: float = STOP_GRACE) -> None:

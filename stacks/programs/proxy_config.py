@@ -8,10 +8,11 @@ runs it once. Credentials are restricted to a character set that needs no quotin
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import yaml
 
+from stacks.models import EgressSpec
 from stacks.programs.component import Credentials, InvalidInputError
 
 SAFE_CREDENTIAL = re.compile(r"[A-Za-z0-9._-]{1,128}")
@@ -25,6 +26,7 @@ class ProxySettings:
     protocol: str  # "http" or "socks5"
     allowed_source_ranges: tuple[str, ...]
     credentials: Credentials | None
+    egress: EgressSpec = field(default_factory=EgressSpec)
 
 
 def check_credentials(credentials: Credentials, *, where: str) -> Credentials:

@@ -40,7 +40,14 @@ def proxy_doc(name: str, *, provider: str = "local", port: int, **spec: Any) -> 
         "apiVersion": "crawl.example.com/v1alpha1",
         "kind": "Proxy",
         "metadata": {"name": name, "namespace": "crawl", "annotations": spec.pop("annotations", {})},
-        "spec": {"provider": provider, "port": port, "allowedSourceRanges": ["127.0.0.0/8"], **spec},
+        "spec": {
+            "provider": provider,
+            "port": port,
+            "allowedSourceRanges": ["127.0.0.0/8"],
+            # The test sites and the service's echo listen on loopback ports the kernel picks: allowed explicitly.
+            "egress": {"allow": [{"cidr": "127.0.0.1/32"}]},
+            **spec,
+        },
     }
 
 

@@ -49,6 +49,8 @@ class LocalExample:
     def write(self, document: dict[str, Any], *, port: int) -> None:
         name = document["metadata"]["name"]
         document["spec"]["port"] = port
+        # The service's echo (the health probe) listens on a port the kernel picks: allow loopback explicitly.
+        document["spec"]["egress"] = {"allow": [{"cidr": "127.0.0.1/32"}]}
         self.ports[name] = port
         (self.manifests / f"{name}.yaml").write_text(yaml.safe_dump(document))
 

@@ -1,4 +1,4 @@
-"""The `local` provider type through the real Pulumi engine, with real pproxy processes on loopback.
+"""The `local` provider type through the real Pulumi engine, with real proxy processes on loopback.
 
 `up` starts a proxy that the test uses, with the stack's credentials, to fetch a page from a loopback HTTP
 server (and is refused without them); `destroy` stops it; a killed process comes back with `refresh` + `up`.
@@ -55,6 +55,11 @@ def origin() -> Iterator[str]:
     thread.join()
 
 
+def allow_origin(origin: str) -> dict[str, object]:
+    """spec.egress allowing the loopback test site explicitly (the default refuses loopback)."""
+    return {"allow": [{"cidr": "127.0.0.1/32", "ports": [int(origin.rsplit(":", 1)[1].strip("/"))]}]}
+
+
 def _refs(stack: auto.Stack) -> list[proc.ProcessRef]:
     resources = stack.export_stack().deployment.get("resources", [])
     outputs = [r.get("outputs", {}) for r in resources if r["type"].endswith(":LocalProxy")]
@@ -63,7 +68,7 @@ def _refs(stack: auto.Stack) -> list[proc.ProcessRef]:
 
 @pytest.fixture
 def local_stack(
-    pulumi_env: PulumiEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pulumi_env: PulumiEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, origin: str
 ) -> Iterator[auto.Stack]:
     # The dynamic provider process runs in stacks/ and unpickles stacks.programs.local by reference: the
     # editable install of `make install` makes it importable, PYTHONPATH covers a venv without it.
@@ -77,7 +82,7 @@ def local_stack(
         "namespace": "crawl",
         "name": "alpha",
         "labels": {},
-        "spec": {"provider": "local-test", "port": free_port()},
+        "spec": {"provider": "local-test", "port": free_port(), "egress": allow_origin(origin)},
     }
     stack.set_config("proxy-operator:provider", auto.ConfigValue(json.dumps(entry)))
     stack.set_config("proxy-operator:proxies", auto.ConfigValue(json.dumps([proxy])))
@@ -113,7 +118,7 @@ def test_up_serves_with_credentials_and_destroy_stops(local_stack: auto.Stack, o
     response = _fetch(origin, proxy=authed)
     assert (response.status_code, response.content) == (200, PAGE)
     assert _fetch(origin, proxy=plain).status_code == 407
-    # A second anonymous try is refused too: pproxy must not trust the address after one good login.
+    # A second anonymous try is refused too: the proxy must not trust the address after one good login.
     assert _fetch(origin, proxy=plain).status_code == 407
 
     [ref] = _refs(local_stack)
@@ -159,6 +164,8 @@ def test_diff_replaces_on_listener_or_credential_change() -> None:
         ("protocol", "socks5"),
         ("bind_address", "0.0.0.0"),
         ("password", "q"),
+        ("egress", {"allowPorts": [80, 443, 8080]}),
+        ("sources", ["10.0.0.0/8"]),
     ):
         result = provider.diff("x", olds, {**olds, key: value})
         assert result.replaces == [key]
@@ -197,7 +204,12 @@ def _socks5_get(proxy_port: int, origin: str, *, username: str, password: str) -
 def test_socks5_process_authenticates_and_delete_stops_it(tmp_path: Path, origin: str) -> None:
     port = free_port()
     props = {"state_dir": str(tmp_path), "stem": "crawl_socks", "bind_address": "127.0.0.1", "port": port}
-    props |= {"protocol": "socks5", "username": "crawler", "password": "Sock5Pass"}
+    props |= {
+        "protocol": "socks5",
+        "username": "crawler",
+        "password": "Sock5Pass",
+        "egress": allow_origin(origin),
+    }
     provider = LocalProxyProvider()
     created = provider.create(props)
     ref = proc.ProcessRef(pid=created.outs["pid"], start_time=created.outs["start_time"])
@@ -208,4 +220,4 @@ def test_socks5_process_authenticates_and_delete_stops_it(tmp_path: Path, origin
     finally:
         provider.delete(created.id, created.outs)
     assert not proc.is_running(ref)
-    assert not (tmp_path / "crawl_socks.auth").exists()
+    assert not (tmp_path / "crawl_socks.json").exists()
