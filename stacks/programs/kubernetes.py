@@ -3,6 +3,7 @@
 The container runs 3proxy directly on a configuration file mounted from the proxy's Secret (which also holds
 the credentials), so the root filesystem stays read-only; the image's own templating entrypoint is bypassed.
 Source ranges are enforced three times: 3proxy's ACL, a NetworkPolicy, and `loadBalancerSourceRanges`.
+The egress policy twice: 3proxy's ACL (on the resolved address) and the NetworkPolicy's egress rules.
 The Secret is replaced (new name) whenever its content changes, which rolls the Deployment.
 
 Published address: the LoadBalancer ingress IP or hostname for `LoadBalancer` Services; otherwise the
@@ -27,7 +28,8 @@ from typing import Any, cast
 import pulumi
 import pulumi_kubernetes as k8s
 
-from stacks.models import KubernetesProvider
+from stacks.egress import METADATA_ADDRESSES, denied_ranges
+from stacks.models import EgressSpec, KubernetesProvider
 from stacks.programs.component import ProxyEndpoint, kubernetes_labels, physical_name
 from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
 from stacks.programs.kube_access import check_access
@@ -60,17 +62,29 @@ def container_port(port: int) -> int:
     return port if port >= 1024 else UNPRIVILEGED_PORT
 
 
+def _acl_ports(ports: list[int]) -> str:
+    return ",".join(str(port) for port in ports) or "*"
+
+
+def egress_acl(who: str, sources: str, policy: EgressSpec) -> list[str]:
+    """3proxy ACL lines for `spec.egress`, first match wins (3proxy matches IP targets on the resolved
+    address): metadata refused, explicit allows, the denied ranges refused, public on allowPorts."""
+    lines = [f"deny * * {','.join(METADATA_ADDRESSES)}"]
+    lines += [f"allow {who} {sources} {rule.cidr} {_acl_ports(rule.ports)}" for rule in policy.allow]
+    lines.append(f"deny * * {','.join(denied_ranges(4) + denied_ranges(6))}")
+    if policy.allow_ports:
+        lines.append(f"allow {who} {sources} * {_acl_ports(policy.allow_ports)}")
+    return lines
+
+
 def threeproxy_conf(settings: ProxySettings) -> str:
-    creds, ranges = settings.credentials, ",".join(settings.allowed_source_ranges)
+    creds, ranges = settings.credentials, ",".join(settings.allowed_source_ranges) or "*"
     lines = ["nscache 65536", "timeouts 1 5 30 60 180 1800 15 60", "log", "maxconn 200"]
     if creds:
-        lines += [
-            f"users {creds.username}:CL:{creds.password}",
-            "auth strong",
-            f"allow {creds.username} {ranges}",
-        ]
+        lines += [f"users {creds.username}:CL:{creds.password}", "auth strong"]
     else:
-        lines += ["auth iponly", f"allow * {ranges}"]
+        lines += ["auth iponly"]
+    lines += egress_acl(creds.username if creds else "*", ranges, settings.egress)
     service = "socks" if settings.protocol == "socks5" else "proxy -a"
     lines += ["deny *", f"{service} -n -p{container_port(settings.port)}"]
     return "\n".join(line.rstrip() for line in lines) + "\n"
@@ -185,21 +199,44 @@ def _service(
     )
 
 
+def _egress_rules(policy: EgressSpec) -> list[dict[str, Any]]:
+    """Public destinations on allowPorts, DNS, and the explicit allows: pod traffic leaves after NAT, so
+    the private, CGNAT, unique-local and link-local ranges are refused here as well as in 3proxy."""
+
+    def ports(numbers: list[int]) -> list[dict[str, Any]]:
+        return [{"port": port, "protocol": "TCP"} for port in numbers]
+
+    public = [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": denied_ranges(4)}},
+        {"ipBlock": {"cidr": "::/0", "except": [r for r in denied_ranges(6) if r != "::/0"]}},
+    ]
+    rules: list[dict[str, Any]] = []
+    if policy.allow_ports:
+        rules.append({"to": public, "ports": ports(policy.allow_ports)})
+    rules.append({"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]})
+    for rule in policy.allow:
+        allowed: dict[str, Any] = {"to": [{"ipBlock": {"cidr": rule.cidr}}]}
+        rules.append(allowed | ({"ports": ports(rule.ports)} if rule.ports else {}))
+    return rules
+
+
 def _network_policy(
     ctx: ProxyContext, *, meta: dict[str, Any], selector: dict[str, str], opts: pulumi.ResourceOptions
 ) -> None:
     ranges = ctx.proxy.spec.allowed_source_ranges
-    if not ranges:
-        return
-    rule = {
-        "from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges],
-        "ports": [{"port": container_port(ctx.proxy.spec.port), "protocol": "TCP"}],
-    }
     spec: dict[str, Any] = {
         "podSelector": {"matchLabels": selector},
-        "policyTypes": ["Ingress"],
-        "ingress": [rule],
+        "policyTypes": ["Egress"],
+        "egress": _egress_rules(ctx.egress),
     }
+    if ranges:  # without ranges the proxy port stays open to all (credentials are then required)
+        spec["policyTypes"] = ["Ingress", "Egress"]
+        spec["ingress"] = [
+            {
+                "from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges],
+                "ports": [{"port": container_port(ctx.proxy.spec.port), "protocol": "TCP"}],
+            }
+        ]
     k8s.networking.v1.NetworkPolicy(ctx.proxy.key, metadata=cast(Any, meta), spec=cast(Any, spec), opts=opts)
 
 

@@ -121,7 +121,8 @@ def test_up_creates_each_proxys_objects_with_the_hardened_pod_spec(
     assert sock.spec.type == "NodePort"
     assert sock.spec.external_traffic_policy == "Local"
     assert sock.spec.ports[0].node_port  # allocated by the API server
-    assert objects.network_policy("px-crawl-sock") is None  # no ranges: no policy
+    # No ranges: the policy governs egress only (issue 11), the proxy port stays open to credentials.
+    assert objects.network_policy("px-crawl-sock").spec.ingress is None
     [sock_secret] = objects.secrets("px-crawl-sock")
     assert objects.secret_data(sock_secret)["3proxy.cfg"].splitlines()[-1] == "socks -n -p1080"
 

@@ -84,7 +84,7 @@ def test_credentials_and_ranges_are_in_the_secret_and_the_proxy_config(mocks: Re
     assert (data["username"], data["password"]) == (GENERATED["username"], GENERATED["password"])
     assert f"users {GENERATED['username']}:CL:{GENERATED['password']}" in config
     assert "auth strong" in config
-    assert f"allow {GENERATED['username']} 10.0.0.0/8,192.168.0.0/16" in config
+    assert f"allow {GENERATED['username']} 10.0.0.0/8,192.168.0.0/16 * 80,443" in config
     assert config[-2:] == ["deny *", "proxy -a -n -p8080"]
     assert outputs["credentials"]["crawl/a"] == GENERATED
 
@@ -135,9 +135,13 @@ def test_load_balancer_publishes_the_ingress_ip_and_limits_sources(mocks: Record
 def test_network_policy_admits_only_the_ranges_on_the_proxy_port(mocks: RecordingMocks) -> None:
     spec = {"provider": "in-cluster", "port": 8080, "allowedSourceRanges": ["10.1.0.0/16"]}
     run(entry=ENTRY, proxies=[proxy("a", **spec), proxy("open", provider="in-cluster")], settings=SETTINGS)
-    [policy] = mocks.of_type(POLICY)  # none for the proxy without ranges (credentials still required)
+    policy, open_policy = mocks.of_type(POLICY)
     rules = policy.inputs["spec"]
+    # Without ranges the policy governs egress only: the port stays open (credentials are required then).
+    assert open_policy.inputs["spec"]["policyTypes"] == ["Egress"]
+    assert "ingress" not in open_policy.inputs["spec"]
 
+    assert rules["policyTypes"] == ["Ingress", "Egress"]
     assert rules["podSelector"] == {"matchLabels": {"app.kubernetes.io/instance": "px-crawl-a"}}
     assert rules["ingress"] == [
         {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 8080, "protocol": "TCP"}]}
