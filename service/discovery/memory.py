@@ -17,7 +17,8 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from service.discovery.handout_order import HandOutOrder
-from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
+from service.discovery.report_book import ReportBook
+from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, LeaseRecord, Penalty
 
 # Expired entries are swept at most this often (store-clock seconds); leases stay readable this long
 # after expiry, so late reports still find them.
@@ -67,6 +68,7 @@ class MemoryStore:
         self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
         self._last_candidates: Collection[str] | None = None
         self._next_sweep = 0.0
+        self._reports = ReportBook()
 
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
         with self._lock:
@@ -114,6 +116,7 @@ class MemoryStore:
         for lease in leases:
             until = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
             held[lease.proxy] = max(held.get(lease.proxy, 0.0), until)  # a sticky re-use never lowers it
+            self._reports.held(client=lease.client, proxy=lease.proxy, until=lease.expires_at)
             self._lru.touch(lease.proxy)
         return leases
 
@@ -200,6 +203,7 @@ class MemoryStore:
                 held[lease.proxy] = max(lease.handed_at + cooldown, until)
                 self._resume.pop((lease.client, lease.target), None)
             renewed = LeaseRecord(**{**lease.__dict__, "expires_at": until})
+            self._reports.held(client=lease.client, proxy=lease.proxy, until=until)
             self._leases[lease_id] = _keep(renewed)
             heapq.heappush(self._lease_gc, (until + LEASE_GRACE, lease_id))
             return renewed
@@ -214,10 +218,26 @@ class MemoryStore:
             per_target[proxy] = (until, strikes + 1)
             return Penalty(target=target, until=until, strikes=strikes + 1)
 
-    async def forgive(self, *, proxy: str, target: str) -> None:
+    async def forgive(self, *, proxy: str, target: str, now: float) -> bool:
         with self._lock:
-            if self._penalty.get(target, {}).pop(proxy, None) is not None:
+            per_target = self._penalty.get(target, {})
+            if per_target.get(proxy, NO_PENALTY)[0] > now:
+                return False  # a running ban ends by itself
+            if per_target.pop(proxy, None) is not None:
                 self._forgiven[target] = self._forgiven.get(target, 0) + 1
+            return True
+
+    async def last_held(self, *, client: str, proxy: str) -> float | None:
+        with self._lock:
+            return self._reports.last_held(client=client, proxy=proxy)
+
+    async def vote_error(self, *, proxy: str, client: str, now: float, window: float) -> ErrorVotes:
+        with self._lock:
+            return self._reports.vote_error(proxy=proxy, client=client, now=now, window=window)
+
+    async def count_report(self, *, client: str, now: float, period: float) -> tuple[int, float]:
+        with self._lock:
+            return self._reports.count_report(client=client, now=now, period=period)
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
         with self._lock:
@@ -256,6 +276,7 @@ class MemoryStore:
             del self._sessions[pair]
         for pair in [p for p, r in self._resume.items() if r.until <= now or r.epoch != self._lru.epoch]:
             del self._resume[pair]
+        self._reports.sweep(now=now, keep=LEASE_GRACE)
         while self._lease_gc and self._lease_gc[0][0] <= now:
             lease_id = heapq.heappop(self._lease_gc)[1]
             kept = self._leases.get(lease_id)

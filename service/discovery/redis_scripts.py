@@ -33,21 +33,26 @@ for i = 1, #picked do
     'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
     'hold', string.format('%.6f', hold_until), 'released', '0')
   redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
+  redis.call('ZADD', used, 'GT', string.format('%.6f', now + ttl), key)  -- who may report on it
   out[#out + 1] = id
   out[#out + 1] = key
 end
 -- The key holds other leases' proxies too: its TTL may only grow (a short lease must not drop a long hold).
 local keep = math.floor((math.max(cooldown, ttl) + 60) * 1000)
 if redis.call('PTTL', hold) < keep then redis.call('PEXPIRE', hold, keep) end
+if #picked > 0 then
+  local used_keep = math.floor((ttl + grace) * 1000)
+  if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
+end
 return out
 """
 
-# KEYS: hold zset (client|target), penalty zset (target), lru zset
+# KEYS: hold zset (client|target), penalty zset (target), lru zset, used zset (client: proxy -> lease end)
 # ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids,
 #       ids..., candidates...
 ACQUIRE = (
     r"""
-local hold, pen, lru = KEYS[1], KEYS[2], KEYS[3]
+local hold, pen, lru, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 """
     + _ARGS
     + r"""
@@ -95,7 +100,7 @@ redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', no
 return 'ok'
 """
 
-# KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix
+# KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix, used key prefix
 # The lease ends at now + ttl; its hold follows when it is this lease's (or shorter), as in the memory store.
 RENEW = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -115,6 +120,10 @@ if cur == nil or cur == tonumber(f[6]) or cur < untl then
 end
 redis.call('HSET', KEYS[1], 'expires', string.format('%.6f', untl))
 redis.call('PEXPIRE', KEYS[1], math.floor((ttl + grace) * 1000))
+local used = ARGV[7] .. f[1]
+redis.call('ZADD', used, 'GT', string.format('%.6f', untl), f[3])
+local used_keep = math.floor((ttl + grace) * 1000)
+if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
 return 'ok'
 """
 
@@ -140,21 +149,42 @@ redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 'ok'
 """
 
-# KEYS: penalty zset (target), strikes hash (proxy), skip hash (target); ARGV: proxy, target
+# KEYS: penalty zset (target), strikes hash (proxy), skip hash (target); ARGV: proxy, target, now
+# A running penalty stays (it ends by itself); one that ran out is forgotten with its strikes.
 FORGIVE = r"""
+local cur = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if cur and cur > tonumber(ARGV[3]) then return 'running' end
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then redis.call('DEL', KEYS[3]) end
 redis.call('HDEL', KEYS[2], ARGV[2])
 return 'ok'
 """
 
+# KEYS: error votes zset (proxy: client -> when); ARGV: client, now, window
+# Returns {distinct voters in the window, 1 if this client's vote is new in it}.
+ERROR_VOTE = r"""
+local now, window = tonumber(ARGV[2]), tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%.6f', now - window))
+local new = redis.call('ZSCORE', KEYS[1], ARGV[1]) == false
+redis.call('ZADD', KEYS[1], string.format('%.6f', now), ARGV[1])
+redis.call('PEXPIRE', KEYS[1], math.floor((window + 60) * 1000))
+return {redis.call('ZCARD', KEYS[1]), new and 1 or 0}
+"""
+
+# KEYS: the client's counter for one window; ARGV: its lifetime (ms). Returns the count, this one included.
+COUNT_REPORT = r"""
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return n
+"""
+
 # The same decision over a candidate set stored in Redis (uploaded once per distinct set, by digest), walking
 # the LRU zset from its oldest member (or after the ineligible run the last walk for this client and target
 # found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case.
-# KEYS: hold zset, penalty zset, lru zset, candidate set, skip hash (target)
+# KEYS: hold zset, penalty zset, lru zset, used zset, candidate set, skip hash (target)
 # ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids, ids...
 ACQUIRE_FROM_SET = (
     r"""
-local hold, pen, lru, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local hold, pen, lru, used, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
 redis.call('PEXPIRE', cand, 600000)
 """

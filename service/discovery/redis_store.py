@@ -3,13 +3,16 @@
 Keys (prefix P): `P:hold:<client>|<target>` zset proxy -> held-until, `P:pen:<target>` zset proxy ->
 penalised-until, `P:strikes:<proxy>` hash target -> bans since the last good report, `P:lru` zset proxy ->
 last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash, `P:skip:<target>` hash client -> where
-its next walk of the LRU resumes (see redis_scripts.py). Every key but `P:lru` carries a TTL.
+its next walk of the LRU resumes (see redis_scripts.py); for reports, `P:used:<client>` zset proxy -> end of
+its latest lease, `P:err:<proxy>` zset client -> its `error` vote, `P:rate:<client>:<window>` a counter.
+Every key but `P:lru` carries a TTL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import uuid
 from typing import Any, cast
 
@@ -19,7 +22,7 @@ from redis.exceptions import RedisError
 
 from service.discovery import redis_scripts
 from service.discovery.redis_pipe import RedisPipe
-from service.discovery.store import Acquired, AcquireRequest, LeaseRecord, Penalty
+from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, LeaseRecord, Penalty
 
 LEASE_GRACE = 3600.0
 SMALL_SET = 64  # up to this many candidates travel with the call; larger sets are uploaded once by digest
@@ -48,6 +51,8 @@ class RedisStore:
         self._bind = client.register_script(redis_scripts.BIND_SESSION)
         self._pipe = RedisPipe.for_client(client)  # the per-request commands; redis-py for the rest
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
+        self._error_vote = client.register_script(redis_scripts.ERROR_VOTE)
+        self._count_report = client.register_script(redis_scripts.COUNT_REPORT)
         self._digests: dict[frozenset[str], str] = {}
         self._uploaded: set[str] = set()
         self._uploading: dict[str, asyncio.Future[None]] = {}
@@ -71,7 +76,12 @@ class RedisStore:
             cand = await self._candidate_key(frozen)
             out = await self._run(
                 self._acquire_set,
-                keys=[*self._keys(request), cand, self._skip_key(request.target)],
+                keys=[
+                    *self._keys(request),
+                    self._used_key(request.client),
+                    cand,
+                    self._skip_key(request.target),
+                ],
                 args=self._args(request, now=now),
             )
             if out[0] != "nocand":
@@ -146,7 +156,8 @@ class RedisStore:
 
     async def _acquire_listed(self, request: AcquireRequest, *, now: float) -> Acquired:
         args = [*self._args(request, now=now), *request.candidates]
-        out = await self._run(self._acquire, keys=self._keys(request), args=args)
+        keys = [*self._keys(request), self._used_key(request.client)]
+        out = await self._run(self._acquire, keys=keys, args=args)
         return self._acquired(out, request=request, now=now)
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
@@ -177,7 +188,10 @@ class RedisStore:
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
     async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
-        args = [_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE), f"{self._p}:skip:"]
+        args = [
+            *(_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE), f"{self._p}:skip:"),
+            f"{self._p}:used:",
+        ]
         out = await self._run(self._renew, keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
@@ -191,9 +205,26 @@ class RedisStore:
         )
         return Penalty(target=target, until=float(until), strikes=int(strikes))
 
-    async def forgive(self, *, proxy: str, target: str) -> None:
+    async def forgive(self, *, proxy: str, target: str, now: float) -> bool:
         keys = [f"{self._p}:pen:{target}", f"{self._p}:strikes:{proxy}", self._skip_key(target)]
-        await self._run(self._forgive, keys=keys, args=[proxy, target])
+        return bool(await self._run(self._forgive, keys=keys, args=[proxy, target, _f(now)]) == "ok")
+
+    async def last_held(self, *, client: str, proxy: str) -> float | None:
+        score = await self._r.zscore(self._used_key(client), proxy)
+        return float(score) if score is not None else None
+
+    async def vote_error(self, *, proxy: str, client: str, now: float, window: float) -> ErrorVotes:
+        voters, new = await self._run(
+            self._error_vote, keys=[f"{self._p}:err:{proxy}"], args=[client, _f(now), _f(window)]
+        )
+        return ErrorVotes(voters=int(voters), new=int(new) == 1)
+
+    async def count_report(self, *, client: str, now: float, period: float) -> tuple[int, float]:
+        window = math.floor(now / period)
+        lifetime = str(int((period + 60) * 1000))
+        key = f"{self._p}:rate:{client}:{window}"
+        count = await self._run(self._count_report, keys=[key], args=[lifetime])
+        return int(count), (window + 1) * period
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
         strikes = cast(dict[str, str], await self._r.hgetall(f"{self._p}:strikes:{proxy}"))
@@ -243,6 +274,9 @@ class RedisStore:
 
     def _hold_key(self, client: str, target: str) -> str:
         return f"{self._p}:hold:{client}|{target}"
+
+    def _used_key(self, client: str) -> str:
+        return f"{self._p}:used:{client}"
 
     def _skip_key(self, target: str) -> str:
         return f"{self._p}:skip:{target}"

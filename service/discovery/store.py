@@ -41,6 +41,15 @@ class Penalty:
 
 
 @dataclass(frozen=True)
+class ErrorVotes:
+    """The distinct clients whose `error` reports on one proxy fall in the window (the reporter's included),
+    and whether the reporter's vote is new in it (a client's repeated reports count once)."""
+
+    voters: int
+    new: bool
+
+
+@dataclass(frozen=True)
 class AcquireRequest:
     client: str
     target: str
@@ -76,8 +85,23 @@ class Store(Protocol):
         this ban (1 for the first since the last good report)."""
         ...
 
-    async def forgive(self, *, proxy: str, target: str) -> None:
-        """A good report: forget the proxy's penalty and strikes for that target."""
+    async def forgive(self, *, proxy: str, target: str, now: float) -> bool:
+        """A good report: forget the proxy's strikes for that target, unless a penalty still runs there (a
+        good report never lifts a running ban: one client could undo another's). True if forgotten."""
+        ...
+
+    async def last_held(self, *, client: str, proxy: str) -> float | None:
+        """When the latest lease of `client` on `proxy` ends or ended (renewals included), while kept; None
+        if it never held one. Who may report on a proxy is decided from this."""
+        ...
+
+    async def vote_error(self, *, proxy: str, client: str, now: float, window: float) -> ErrorVotes:
+        """Record an `error` report of `client` on `proxy`; votes older than `window` seconds are dropped."""
+        ...
+
+    async def count_report(self, *, client: str, now: float, period: float) -> tuple[int, float]:
+        """Count one report of `client` in the current fixed window of `period` seconds: (reports in it,
+        this one included; when it ends)."""
         ...
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:

@@ -51,13 +51,14 @@ async def _picks(store: Store, target: str, tags: str, *, now: float = NOW + 1) 
     return [(await store.acquire(_request(target, tag=tag), now=now)).leases[0].proxy for tag in tags]
 
 
-def test_leases_skip_a_banned_front_in_lru_order_and_see_a_forgiven_one(store_factory: StoreFactory) -> None:
+def test_leases_skip_a_banned_front_in_lru_order_until_the_bans_run_out(store_factory: StoreFactory) -> None:
     async def scenario(store: Store) -> None:
         assert await _picks(store, "t", "abc") == ["p100", "p101", "p102"]
         assert await _picks(store, "u", "d") == ["p000"]  # banned for t only
-        await store.forgive(proxy="p050", target="t")
-        assert await _picks(store, "t", "e") == ["p050"]  # the least recently used eligible again
-        assert await _picks(store, "t", "f") == ["p103"]
+        assert await store.forgive(proxy="p050", target="t", now=NOW + 1) is False  # a running ban stays
+        assert await _picks(store, "t", "e") == ["p103"]
+        assert await store.forgive(proxy="p050", target="t", now=NOW + 600) is True  # ran out: strikes reset
+        assert await _picks(store, "t", "f", now=NOW + 600) == ["p001"]  # the front again (p000 went to u)
 
     _run(store_factory, scenario)
 

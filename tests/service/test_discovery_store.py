@@ -87,7 +87,8 @@ def test_penalty_is_full_jitter_per_target_and_forgiven(store_factory: StoreFact
         assert [p.target for p in await store.penalties("a", now=NOW + 15000)] == ["t"]
         assert (await store.acquire(request("a", target="t"), now=NOW + 15001)).leases == []
         assert len((await store.acquire(request("a", target="other"), now=NOW + 15001)).leases) == 1
-        await store.forgive(proxy="a", target="t")
+        assert await store.forgive(proxy="a", target="t", now=NOW + 15001) is False  # still running
+        assert await store.forgive(proxy="a", target="t", now=NOW + 15101) is True  # ran out
         assert await store.penalties("a", now=NOW) == []
         again = await store.penalise(proxy="a", target="t", now=NOW, base=300, cap=1000, fraction=1.0)
         assert again.strikes == 1  # the good report reset the count

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from service.discovery.memory import MemoryStore
 from service.discovery.redis_store import RedisStore
-from service.discovery.store import AcquireRequest, Store
+from service.discovery.store import AcquireRequest, ErrorVotes, Store
 from tests.service.conftest import RedisServer
 
 NOW = 1_800_000_000.0
@@ -136,5 +136,61 @@ def test_a_renewal_keeps_the_hold_key_alive(run: Callable[[Scenario], None]) -> 
         await s.advance(1200)
         again = await s.store.acquire(lease("a", "b", tag="again", count=2, ttl=60), now=NOW + 1220)
         assert [x.proxy for x in again.leases] == ["b"]
+
+    run(scenario)
+
+
+def test_who_held_a_proxy_and_until_when(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        assert await s.store.last_held(client="crawler", proxy="a") is None
+        first = await s.store.acquire(lease("a", tag="first", ttl=30), now=NOW)
+        assert await s.store.last_held(client="crawler", proxy="a") == pytest.approx(NOW + 30)
+        assert await s.store.last_held(client="other", proxy="a") is None
+        assert await s.store.renew(first.leases[0].lease_id, now=NOW + 10, ttl=100, cooldown=10) is not None
+        assert await s.store.last_held(client="crawler", proxy="a") == pytest.approx(NOW + 110)
+        await s.store.acquire(lease("a", tag="sticky", ttl=5, sticky=True), now=NOW + 20)
+        assert await s.store.last_held(client="crawler", proxy="a") == pytest.approx(
+            NOW + 110
+        )  # the latest end
+        await s.advance(600)
+        assert await s.store.last_held(client="crawler", proxy="a") == pytest.approx(
+            NOW + 110
+        )  # kept for reports
+
+    run(scenario)
+
+
+def test_error_votes_count_distinct_clients_in_the_window(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        vote = s.store.vote_error
+        assert await vote(proxy="a", client="x", now=NOW, window=60) == ErrorVotes(voters=1, new=True)
+        assert await vote(proxy="a", client="x", now=NOW + 1, window=60) == ErrorVotes(voters=1, new=False)
+        assert await vote(proxy="b", client="y", now=NOW + 2, window=60) == ErrorVotes(voters=1, new=True)
+        assert await vote(proxy="a", client="y", now=NOW + 3, window=60) == ErrorVotes(voters=2, new=True)
+        assert await vote(proxy="a", client="z", now=NOW + 62, window=60) == ErrorVotes(voters=2, new=True)
+
+    run(scenario)
+
+
+def test_reports_are_counted_per_client_in_fixed_windows(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        start = 1_800_000_000.0  # a multiple of 60: windows are [start, start + 60)
+        counts = [await s.store.count_report(client="x", now=start + i, period=60) for i in range(3)]
+        assert counts == [(1, start + 60), (2, start + 60), (3, start + 60)]
+        assert await s.store.count_report(client="y", now=start + 5, period=60) == (1, start + 60)
+        assert await s.store.count_report(client="x", now=start + 60, period=60) == (1, start + 120)
+
+    run(scenario)
+
+
+def test_a_good_report_never_lifts_a_running_penalty(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        ban = await s.store.penalise(proxy="a", target="t", now=NOW, base=300, cap=3600, fraction=0.5)
+        assert ban.until == pytest.approx(NOW + 150)
+        assert await s.store.forgive(proxy="a", target="t", now=NOW + 10) is False
+        assert await s.store.penalty_until(proxy="a", target="t") == pytest.approx(NOW + 150)
+        assert await s.store.forgive(proxy="a", target="t", now=NOW + 151) is True  # ran out: strikes reset
+        again = await s.store.penalise(proxy="a", target="t", now=NOW + 200, base=300, cap=3600, fraction=1)
+        assert again.strikes == 1
 
     run(scenario)
