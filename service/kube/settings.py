@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # Where a pod finds its own namespace (the ServiceAccount volume the kubelet mounts).
@@ -51,6 +51,16 @@ class KubeSettings(BaseSettings):
         description="A stack lock of another replica is recovered once its Lease expired this long ago "
         "(or its pod is gone).",
     )
+
+    @model_validator(mode="after")
+    def _election_timing(self) -> KubeSettings:
+        # A leader must stop its work before its Lease can expire for the others (client-go's rule), and
+        # must get more than one try at renewing within its deadline.
+        if not self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError("renew_deadline_seconds must be shorter than lease_duration_seconds")
+        if not self.retry_period_seconds < self.renew_deadline_seconds:
+            raise ValueError("retry_period_seconds must be shorter than renew_deadline_seconds")
+        return self
 
     def own_namespace(self) -> str:
         if self.namespace:
