@@ -211,7 +211,18 @@ def test_the_cluster_role_grants_what_the_kubernetes_source_needs() -> None:
     assert {"create", "patch"} <= granted(rules, "", "events")
     assert granted(rules, "", "secrets") == {"get"}
     assert {"get", "list", "watch"} <= granted(rules, "", "configmaps")
-    assert {"get", "create", "update"} <= granted(rules, "coordination.k8s.io", "leases")
+
+
+def test_leader_election_is_granted_in_the_service_namespace_only() -> None:
+    own = one("ServiceAccount")["metadata"]["namespace"]
+    roles = {
+        r["metadata"]["namespace"]: r["rules"]
+        for r in objects("Role")
+        if r["metadata"]["name"].endswith("election")
+    }
+    assert granted(roles[own], "coordination.k8s.io", "leases") == {"get", "create", "update"}
+    assert granted(roles[own], "", "pods") == {"get"}  # is the replica holding a stack lock gone?
+    assert not granted(one("ClusterRole")["rules"], "coordination.k8s.io", "leases")
 
 
 def test_the_bindings_name_the_pod_service_account() -> None:
