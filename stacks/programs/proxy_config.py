@@ -1,8 +1,10 @@
 """Proxy daemon configuration for VMs: tinyproxy (HTTP + CONNECT) or dante (SOCKS5) on Debian.
 
 One idempotent shell script installs the daemon and writes its configuration (port, credentials, one allow
-rule per source range). GCP runs it as the startup script (at every boot); KVM writes it with cloud-init and
-runs it once. Credentials are restricted to a character set that needs no quoting in any of these files.
+rule per source range) and the egress policy as nftables rules for the daemon's user (`vm_egress`). GCP
+runs it as the startup script (at every boot); KVM writes it with cloud-init and runs it once. Credentials
+are restricted to a character set that needs no quoting in any of these files. SOCKS users are proxy-level
+(a PAM password file read by dante only), never system accounts.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from stacks.egress import METADATA_ADDRESSES, denied_ranges
 from stacks.models import EgressSpec
 from stacks.programs.component import Credentials, InvalidInputError
+from stacks.programs.vm_egress import RULES_PATH, nft_rules, nft_steps
 
 SAFE_CREDENTIAL = re.compile(r"[A-Za-z0-9._-]{1,128}")
 SETUP_PATH = "/usr/local/sbin/proxy-operator-setup"
+DANTE_USER = "proxy-egress"  # dante's unprivileged user: its outgoing connections are what nftables judges
+SOCKS_PASSWD = "/etc/proxy-operator/socks.passwd"
 EOF_MARK = "PROXY_OPERATOR_EOF"
 
 
@@ -55,13 +61,34 @@ def tinyproxy_conf(settings: ProxySettings) -> str:
     ]
     if settings.credentials:
         lines.append(f"BasicAuth {settings.credentials.username} {settings.credentials.password}")
+    # CONNECT only to the allowed ports (nftables refuses the rest anyway); a rule without ports needs all.
+    if all(rule.ports for rule in settings.egress.allow):
+        ports = sorted(
+            {*settings.egress.allow_ports, *(p for rule in settings.egress.allow for p in rule.ports)}
+        )
+        lines += [f"ConnectPort {port}" for port in ports]
     # With no Allow line tinyproxy admits everyone; the model already refused "open and without credentials".
     lines += [f"Allow {cidr}" for cidr in settings.allowed_source_ranges]
     return "\n".join(lines) + "\n"
 
 
+def _dante_destinations(settings: ProxySettings, source: str) -> list[str]:
+    """dante's socks rules in the order of `stacks.egress.decide` (nftables judges the resolved address)."""
+    egress = settings.egress
+    lines = [
+        f"socks block {{ from: 0/0 to: {address}/{32 if '.' in address else 128} }}"
+        for address in METADATA_ADDRESSES
+    ]
+    for rule in egress.allow:
+        ports = [f" port = {port}" for port in rule.ports] or [""]
+        lines += [f"socks pass {{ from: {source} to: {rule.cidr}{port} }}" for port in ports]
+    lines += [f"socks block {{ from: 0/0 to: {cidr} }}" for cidr in denied_ranges(4) + denied_ranges(6)]
+    lines += [f"socks pass {{ from: {source} to: 0/0 port = {port} }}" for port in egress.allow_ports]
+    return [*lines, "socks block { from: 0/0 to: 0/0 }"]
+
+
 def danted_conf(settings: ProxySettings) -> str:
-    method = "username" if settings.credentials else "none"
+    method = "pam.username" if settings.credentials else "none"
     sources = settings.allowed_source_ranges or ("0.0.0.0/0", "::/0")
     lines = [
         "# Written by proxy-operator; rewritten by its setup script.",
@@ -70,12 +97,14 @@ def danted_conf(settings: ProxySettings) -> str:
         "external: @EXTERNAL_INTERFACE@",
         "clientmethod: none",
         f"socksmethod: {method}",
+        "pam.servicename: sockd",
         "user.privileged: root",
-        "user.unprivileged: nobody",
+        f"user.unprivileged: {DANTE_USER}",
     ]
     lines += [f"client pass {{ from: {cidr} to: 0/0 }}" for cidr in sources]
-    lines += [f"socks pass {{ from: {cidr} to: 0/0 }}" for cidr in sources]
-    return "\n".join(lines) + "\n"
+    for cidr in sources:
+        lines += _dante_destinations(settings, cidr)
+    return "\n".join(dict.fromkeys(lines)) + "\n"
 
 
 def _heredoc(path: str, content: str) -> str:
@@ -101,25 +130,29 @@ def _tinyproxy_steps(settings: ProxySettings) -> str:
     )
 
 
-def _socks_user(credentials: Credentials) -> str:
-    # The SOCKS username is a system account: never take over one that this script did not create.
-    user = credentials.username
+def _socks_users(credentials: Credentials) -> str:
+    # Proxy-level users: a password file that only PAM's pam_pwdfile (for dante) reads; no system account.
     return (
-        "groupadd -f proxy-operator\n"
-        f"if id -u {user} >/dev/null 2>&1; then\n"
-        f"  id -nG {user} | grep -qw proxy-operator \\\n"
-        f"    || {{ echo 'refusing to reuse account {user}' >&2; exit 1; }}\n"
-        "else\n"
-        f"  useradd --system --no-create-home --shell /usr/sbin/nologin -G proxy-operator {user}\n"
-        "fi\n"
-        f"echo '{user}:{credentials.password}' | chpasswd\n"
+        _install("libpam-pwdfile")
+        + "install -d -m 0700 /etc/proxy-operator\n"
+        + f"HASH=$(openssl passwd -6 '{credentials.password}')\n"
+        + f'(umask 077; echo "{credentials.username}:$HASH" > {SOCKS_PASSWD}.new)\n'
+        + f"mv {SOCKS_PASSWD}.new {SOCKS_PASSWD}\n"
+        + _heredoc(
+            "/etc/pam.d/sockd",
+            f"auth required pam_pwdfile.so pwdfile={SOCKS_PASSWD}\naccount required pam_permit.so\n",
+        )
     )
 
 
 def _dante_steps(settings: ProxySettings) -> str:
     steps = _install("dante-server")
+    steps += (
+        f"id -u {DANTE_USER} >/dev/null 2>&1 \\\n"
+        f"  || useradd --system --no-create-home --shell /usr/sbin/nologin {DANTE_USER}\n"
+    )
     if settings.credentials:
-        steps += _socks_user(settings.credentials)
+        steps += _socks_users(settings.credentials)
     return (
         steps
         + "EXTERNAL_INTERFACE=$(ip -o route show default | awk '{print $5; exit}')\n"
@@ -130,9 +163,17 @@ def _dante_steps(settings: ProxySettings) -> str:
     )
 
 
+def _egress_steps(settings: ProxySettings) -> str:
+    user = DANTE_USER if settings.protocol == "socks5" else "tinyproxy"
+    rules = _heredoc(f"{RULES_PATH}.in", nft_rules(settings.egress, user=user))
+    return _install("nftables") + nft_steps(settings.egress, user=user, heredoc=rules)
+
+
 def setup_script(settings: ProxySettings) -> str:
     """Bash for Debian: install the daemon if missing, write its configuration, restart it."""
-    steps = _dante_steps(settings) if settings.protocol == "socks5" else _tinyproxy_steps(settings)
+    daemon = _dante_steps(settings) if settings.protocol == "socks5" else _tinyproxy_steps(settings)
+    # The daemon's user exists once its package is installed; its rules load before it serves anyone.
+    steps = daemon.replace("systemctl restart", _egress_steps(settings) + "systemctl restart", 1)
     return "#!/bin/bash\n# proxy-operator proxy setup; safe to run again.\nset -euo pipefail\n" + (
         "export DEBIAN_FRONTEND=noninteractive\n" + steps
     )

@@ -99,7 +99,7 @@ def test_secret_mode_credentials_reach_the_script_as_a_secret(mocks: RecordingMo
     assert mocks.of_type("pulumi-python:dynamic/proxy-operator:GeneratedCredentials") == []
 
 
-def test_socks5_runs_dante_with_a_system_account(mocks: RecordingMocks) -> None:
+def test_socks5_runs_dante_with_a_proxy_level_user(mocks: RecordingMocks) -> None:
     run(
         entry=ENTRY,
         proxies=[proxy("alpha", provider="gcp-eu", protocol="socks5", port=1080)],
@@ -108,9 +108,10 @@ def test_socks5_runs_dante_with_a_system_account(mocks: RecordingMocks) -> None:
     script = mocks.one(INSTANCE).inputs["metadataStartupScript"]
 
     assert "apt-get install -y -q dante-server" in script
-    assert f"echo '{GENERATED['username']}:{GENERATED['password']}' | chpasswd" in script
+    assert "chpasswd" not in script
+    assert f"HASH=$(openssl passwd -6 '{GENERATED['password']}')" in script
     assert "internal: 0.0.0.0 port = 1080" in script
-    assert "socksmethod: username" in script
+    assert "socksmethod: pam.username" in script
 
 
 def test_labels_name_the_service_the_proxy_and_the_stack(mocks: RecordingMocks) -> None:

@@ -49,14 +49,15 @@ def test_tinyproxy_conf_without_credentials_or_ranges() -> None:
     assert [line for line in lines if line.startswith("Allow")] == ["Allow 10.0.0.0/8"]
 
 
-def test_danted_conf_passes_each_range_and_asks_for_a_username() -> None:
+def test_danted_conf_passes_each_range_and_asks_for_a_proxy_level_username() -> None:
     conf = danted_conf(_settings(protocol="socks5", port=1080))
 
     assert "internal: 0.0.0.0 port = 1080" in conf
-    assert "socksmethod: username" in conf
+    assert "socksmethod: pam.username" in conf
+    assert "user.unprivileged: proxy-egress" in conf
     for cidr in RANGES:
         assert f"client pass {{ from: {cidr} to: 0/0 }}" in conf
-        assert f"socks pass {{ from: {cidr} to: 0/0 }}" in conf
+        assert f"socks pass {{ from: {cidr} to: 0/0 port = 443 }}" in conf
 
 
 @pytest.mark.parametrize("protocol", ["http", "socks5"])
