@@ -44,6 +44,33 @@ class DiscoverySettings(BaseSettings):
     )
     max_wait_seconds: float = Field(30.0, ge=0, le=30, description="Longest `wait` a lease request may ask.")
     max_count: int = Field(100, ge=1, le=1000, description="Most proxies one lease request may ask for.")
+    report_window_seconds: float = Field(
+        600.0,
+        ge=0,
+        le=3600,
+        description="A client may report on a proxy while it holds a lease on it and this long after the "
+        "lease ended; otherwise 403 not_a_leaseholder.",
+    )
+    error_quorum: int = Field(
+        2,
+        ge=1,
+        le=100,
+        description="Distinct clients whose `error` reports on a proxy must agree (within "
+        "error_window_seconds) before they count against its health; the prober counts on its own.",
+    )
+    error_window_seconds: float = Field(
+        120.0, gt=0, le=3600, description="How long a client's `error` report on a proxy stays a vote."
+    )
+    report_rate_limit: int = Field(
+        6000,
+        ge=1,
+        le=1_000_000,
+        description="Most reports one client (token name) may send per report_rate_period_seconds; more: "
+        "429 with Retry-After.",
+    )
+    report_rate_period_seconds: float = Field(
+        60.0, gt=0, le=3600, description="The fixed window report_rate_limit counts in."
+    )
     max_body_bytes: int = Field(
         65536,
         ge=1024,

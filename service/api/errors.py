@@ -17,8 +17,10 @@ from service.discovery.errors import (
     InvalidRequest,
     LeaseNotFound,
     NoProxyAvailable,
+    NotALeaseholder,
     ProxyNotFound,
     SessionLost,
+    TooManyReports,
 )
 
 log = logging.getLogger(__name__)
@@ -31,6 +33,7 @@ STATUS_REASONS = {
     405: "method_not_allowed",
     409: "conflict",
     413: "too_large",
+    429: "too_many_requests",
     415: "unsupported_media_type",
     422: "invalid_request",
     500: "internal_error",
@@ -42,6 +45,8 @@ _DISCOVERY_STATUS: dict[type[DiscoveryError], int] = {
     LeaseNotFound: 404,
     ProxyNotFound: 404,
     InvalidRequest: 422,
+    NotALeaseholder: 403,
+    TooManyReports: 429,
 }
 
 
@@ -90,7 +95,7 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 async def _discovery_error(request: Request, exc: DiscoveryError) -> JSONResponse:
     status = _DISCOVERY_STATUS.get(type(exc), 400)
     headers = None
-    if isinstance(exc, NoProxyAvailable):
+    if isinstance(exc, NoProxyAvailable | TooManyReports):
         headers = {"Retry-After": retry_after(exc.retry_after)}
     return error_response(request, status=status, reason=exc.reason, detail=str(exc), headers=headers)
 

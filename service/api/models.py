@@ -152,6 +152,14 @@ class ReportBody(_In):
         return self
 
 
+EFFECT_HELP = (
+    "What the report did: `penalised` (banned), `strikes_reset` (ok, no penalty running), `penalty_runs` "
+    "(ok, but a running penalty is never lifted by a report), `counted` (error, counted against health), "
+    "`awaiting_quorum` (error, too few clients agree yet), `already_counted` (error, this client's vote "
+    "counts once per window)."
+)
+
+
 class ReportResponse(_Out):
     proxy: str
     target: str
@@ -160,6 +168,7 @@ class ReportResponse(_Out):
     strikes: int | None = Field(
         None, description="Bans in a row for this proxy and target, this one included: 1 for the first."
     )
+    effect: str = Field(description=EFFECT_HELP)
 
 
 class HealthOut(_Out):

@@ -34,3 +34,19 @@ class ProxyNotFound(DiscoveryError):
 
 class InvalidRequest(DiscoveryError):
     reason = "invalid_request"
+
+
+class NotALeaseholder(DiscoveryError):
+    """A report on a proxy the client does not hold and has not held within the report window."""
+
+    reason = "not_a_leaseholder"
+
+
+class TooManyReports(DiscoveryError):
+    """The client sent more reports than its rate allows. `retry_after` = seconds until its window ends."""
+
+    reason = "too_many_reports"
+
+    def __init__(self, message: str, *, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -14,16 +14,15 @@ import uuid
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from service.discovery.backoff import FullJitter
 from service.discovery.candidates import Candidates
-from service.discovery.errors import LeaseNotFound, NoProxyAvailable, ProxyNotFound, SessionLost
+from service.discovery.errors import LeaseNotFound, NoProxyAvailable, SessionLost
 from service.discovery.limits import lease_ttl
+from service.discovery.reports import ANY_TARGET, ReportOutcome, Reports
 from service.discovery.store import AcquireRequest, LeaseRecord, Penalty, Store
 from service.discovery.waiter import Waiter
 from service.inventory import Inventory
 from service.settings import DiscoverySettings
 
-ANY_TARGET = "*"
 POLL_SECONDS = 1.0  # a waiter re-checks at least this often: other replicas' releases do not wake it
 
 
@@ -69,12 +68,19 @@ class DiscoveryService:
         self._clock = clock
         self._rng = rng or random.Random()
         self._new_id = new_id
-        self._on_error_report = on_error_report
         self._no_candidate_retry = no_candidate_retry  # the health interval: when a proxy may turn healthy
-        self._backoff = FullJitter(base=settings.penalty_base_seconds, cap=settings.penalty_cap_seconds)
         self._waiter = Waiter()
         self._candidates = Candidates(inventory)
         inventory.add_listener(self._waiter.notify)
+        self._reports = Reports(
+            inventory=inventory,
+            store=store,
+            settings=settings,
+            clock=clock,
+            rng=self._rng,
+            on_error=on_error_report,
+            on_forgiven=self._waiter.notify,
+        )
 
     async def lease(self, query: LeaseQuery) -> LeaseGrant:
         """Lease now, or wait up to `query.wait` seconds for a proxy to become eligible."""
@@ -195,41 +201,11 @@ class DiscoveryService:
 
     async def report(
         self, *, client: str, outcome: str, target: str | None, lease_id: str | None, proxy: str | None
-    ) -> tuple[str, str, Penalty | None]:
-        """Apply a client's report; returns (proxy, target, penalty if banned)."""
-        proxy, target = await self._report_subject(
-            client=client, target=target, lease_id=lease_id, proxy=proxy
+    ) -> ReportOutcome:
+        """Apply a client's report within the rules of `reports.py`."""
+        return await self._reports(
+            client=client, outcome=outcome, target=target, lease_id=lease_id, proxy=proxy
         )
-        penalty = None
-        if outcome == "banned":
-            penalty = await self.store.penalise(
-                proxy=proxy,
-                target=target,
-                now=self._clock(),
-                base=self._backoff.base,
-                cap=self._backoff.cap,
-                fraction=self._rng.random(),
-            )
-        elif outcome == "ok":
-            await self.store.forgive(proxy=proxy, target=target)
-            self._waiter.notify()
-        elif self._on_error_report is not None:
-            self._on_error_report(proxy)
-        return proxy, target, penalty
-
-    async def _report_subject(
-        self, *, client: str, target: str | None, lease_id: str | None, proxy: str | None
-    ) -> tuple[str, str]:
-        if lease_id is not None:
-            lease = await self.store.get_lease(lease_id, now=self._clock())
-            if lease is None or lease.client != client:
-                msg = f"no lease {lease_id!r} for client {client!r}; report by proxy and target"
-                raise LeaseNotFound(msg)
-            return lease.proxy, target or lease.target
-        assert proxy is not None
-        if self.inventory.get(proxy) is None:
-            raise ProxyNotFound(f"no proxy {proxy!r}; use the key namespace/name from /v1/proxies")
-        return proxy, target or ANY_TARGET
 
     async def penalties(self, proxy: str) -> list[Penalty]:
         return await self.store.penalties(proxy, now=self._clock())

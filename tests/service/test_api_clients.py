@@ -106,7 +106,7 @@ def test_the_scrapy_middleware_reports_download_errors_and_leaves_spider_proxies
     start_api: ApiFactory, two_proxies: Inventory
 ) -> None:
     module = _load("scrapy_middleware")
-    api = start_api(inventory=two_proxies, cooldown_seconds=0)
+    api = start_api(inventory=two_proxies, cooldown_seconds=0, error_quorum=1)  # one client here
 
     async def crawl() -> tuple[Any, FakeRequest]:
         middleware = module.ProxyOperatorMiddleware(url=api.url, token=TOKENS["crawler-a"][0], max_retries=1)

@@ -133,7 +133,12 @@ def test_a_ban_for_one_target_leaves_the_proxy_usable_for_others(start_api: ApiF
         detail = client.get("/v1/proxies/default/a", headers=auth("crawler-a")).json()
         assert [p["target"] for p in detail["penalties"]] == ["shop.example"]
         ok = {"proxy": "default/a", "target": "shop.example", "outcome": "ok"}
-        assert client.post("/v1/reports", json=ok, headers=auth("reporter")).status_code == 200
+        refused = client.post("/v1/reports", json=ok, headers=auth("reporter"))  # never leased it
+        assert (refused.status_code, refused.json()["error"]) == (403, "not_a_leaseholder")
+        good = client.post("/v1/reports", json=ok, headers=auth("crawler-a"))
+        assert good.json()["effect"] == "penalty_runs"  # a good report never lifts a running ban
+        assert lease(client, target="shop.example").status_code == 503
+        clock.advance(300)  # penalty_base_seconds: the longest a first ban lasts
         assert keys(lease(client, target="shop.example")) == ["default/a"]
 
 
@@ -196,26 +201,42 @@ def test_ban_penalty_is_exactly_full_jitter_and_its_bound_grows(serve_with_rng: 
     expected = [(1, 0.5 * 300), (2, 0.25 * 600), (3, 0.9 * 1000), (4, 0.999 * 1000)]
     with api.client() as client:
         for strikes, delay in expected:
-            body = client.post("/v1/reports", json=ban, headers=auth("reporter")).json()
+            assert keys(lease(client, target="shop.example")) == ["default/a"]  # reports need a lease
+            body = client.post("/v1/reports", json=ban, headers=auth("crawler-a")).json()
             assert body["strikes"] == strikes
             until = datetime.fromisoformat(body["penalisedUntil"]).timestamp()
             assert until == pytest.approx(clock.now + delay, abs=1e-3), (strikes, until - clock.now)
             clock.advance(2000)  # let it expire so the next ban stands on its own
         ok = {"proxy": "default/a", "target": "shop.example", "outcome": "ok"}
-        assert client.post("/v1/reports", json=ok, headers=auth("reporter")).status_code == 200
-        body = client.post("/v1/reports", json=ban, headers=auth("reporter")).json()
+        assert keys(lease(client, target="shop.example")) == ["default/a"]  # the last penalty ran out
+        assert (
+            client.post("/v1/reports", json=ok, headers=auth("crawler-a")).json()["effect"] == "strikes_reset"
+        )
+        body = client.post("/v1/reports", json=ban, headers=auth("crawler-a")).json()
     assert body["strikes"] == 1  # the good report reset the count, and the bound with it
     until = datetime.fromisoformat(body["penalisedUntil"]).timestamp()
     assert until == pytest.approx(clock.now + 0.4 * 300, abs=1e-3)
     assert rng.draws == []  # one draw per ban, none elsewhere
 
 
-def test_error_reports_count_towards_health(start_api: ApiFactory) -> None:
+def test_error_reports_count_towards_health_once_two_clients_agree(start_api: ApiFactory) -> None:
     api = start_api(inventory=healthy_inventory(["a"]))
     with api.client() as client:
         body = {"proxy": "default/a", "target": "x.example", "outcome": "error", "statusCode": 502}
-        assert client.post("/v1/reports", json=body, headers=auth("crawler-a")).status_code == 200
-    assert api.errors_reported == ["default/a"]
+        for who in ("crawler-a", "crawler-b"):  # error_quorum: 2 distinct clients by default
+            assert keys(lease(client, who, target="x.example")) == ["default/a"]
+            assert client.post("/v1/reports", json=body, headers=auth(who)).status_code == 200
+    assert api.errors_reported == ["default/a", "default/a"]
+
+
+def test_with_a_quorum_of_one_a_client_s_error_counts_once(start_api: ApiFactory) -> None:
+    api = start_api(inventory=healthy_inventory(["a"]), error_quorum=1)
+    with api.client() as client:
+        body = {"proxy": "default/a", "target": "x.example", "outcome": "error", "statusCode": 502}
+        assert keys(lease(client, target="x.example")) == ["default/a"]
+        for _ in range(3):
+            assert client.post("/v1/reports", json=body, headers=auth("crawler-a")).status_code == 200
+    assert api.errors_reported == ["default/a"]  # once per error_window_seconds
 
 
 def test_report_errors(start_api: ApiFactory) -> None:

@@ -100,7 +100,7 @@ def test_a_dropped_connection_and_a_site_timeout_are_errors_not_bans(
     start_api: ApiFactory, four_proxies: Inventory
 ) -> None:
     client_module = load_client()
-    api = start_api(inventory=four_proxies, cooldown_seconds=0)
+    api = start_api(inventory=four_proxies, cooldown_seconds=0, error_quorum=1)  # one client here
     with (
         Site(slow_seconds=3) as site,
         client_module.DiscoveryClient(api.url, TOKENS["crawler-a"][0]) as client,

@@ -60,7 +60,7 @@ def metric(text: str, name: str) -> float:
 def test_a_real_spider_leases_reports_rotates_and_releases(
     start_api: ApiFactory, six_proxies: Inventory
 ) -> None:
-    api = start_api(inventory=six_proxies, cooldown_seconds=0, lease_ttl_seconds=300)
+    api = start_api(inventory=six_proxies, cooldown_seconds=0, lease_ttl_seconds=300, error_quorum=1)
     ports = {ep.port: ep.key for ep in six_proxies.endpoints()}
     paths = ["/ok", "/ban403", "/ban429", "/drop", "/slow", "/detour", "/rewrite"]
     with Site(slow_seconds=4) as site:

@@ -46,7 +46,7 @@ def _query(body: LeaseBody, *, client: str, ctx: Context) -> tuple[LeaseQuery, G
     "/v1/leases",
     response_model=LeaseResponse,
     responses={
-        **responses(400, 401, 403, 409, 422),
+        **responses(400, 401, 403, 409, 413, 422),
         503: {**responses(503)[503], "headers": RETRY_AFTER_HEADER},
     },
     summary="Lease proxies",
@@ -87,7 +87,7 @@ def _response(grant: LeaseGrant, *, query: LeaseQuery, granted: Granted, ctx: Co
 @router.post(
     "/v1/leases/{lease_id}/renew",
     response_model=RenewResponse,
-    responses=responses(400, 401, 403, 404, 422),
+    responses=responses(400, 401, 403, 404, 413, 422),
     summary="Extend a lease",
 )
 async def renew_lease(
