@@ -104,7 +104,7 @@ class LeaderElector:
                 await _wait(stop, pause)
         finally:
             if self._leading:
-                await self._step_down("stopping")
+                await self._step_down("stopping", level=logging.INFO)
                 await self._release()
 
     # --- one step each -------------------------------------------------------------------------------
@@ -143,9 +143,9 @@ class LeaderElector:
         margin = min(0.1, self._settings.retry_period_seconds / 4)
         return self.renewed_at + self._settings.renew_deadline_seconds - margin
 
-    async def _step_down(self, why: str) -> None:
+    async def _step_down(self, why: str, *, level: int = logging.WARNING) -> None:
         self._leading = False
-        log.warning("%s stops leading: %s", self.identity, why)
+        log.log(level, "%s stops leading: %s", self.identity, why)
         try:
             await self._on_stopped()
         except Exception:
