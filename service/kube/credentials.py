@@ -1,0 +1,180 @@
+"""Each Proxy's credentials in a Secret it owns: written by the leader, read by every replica.
+
+Credentials do not belong in status (anyone who may read Proxies would read them). The leader writes one
+Secret per Proxy, `<name>-proxy-credentials` in the Proxy's namespace, owned by the Proxy (the garbage
+collector deletes it with the Proxy), with server-side apply as field manager `proxy-operator`, and only when
+what it holds changed. Every replica lists and watches those Secrets (label and type selectors, one watch per
+namespace: Roles per namespace, not cluster-wide Secret access) and answers `credentials(key)`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from kubernetes.client import ApiClient
+
+from service.kube.client import request_json
+from service.kube.refs import ProxyRef
+from service.kube.watch import Obj, Watcher
+
+__all__ = [
+    "LABELS",
+    "SECRET_TYPE",
+    "Credentials",
+    "CredentialsReader",
+    "CredentialsWriter",
+    "secret_name",
+]
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+PROXY_LABEL = "crawl.example.com/proxy"
+LABELS = {MANAGED_BY: "proxy-operator"}
+SECRET_TYPE = "crawl.example.com/proxy-credentials"  # a field selector keeps other managed Secrets out
+FIELD_MANAGER = "proxy-operator"
+SUFFIX = "-proxy-credentials"
+MAX_NAME = 253  # a Secret's name is a DNS-1123 subdomain
+
+
+@dataclass(frozen=True)
+class Credentials:
+    host: str
+    port: int
+    protocol: str
+    username: str | None = None  # None: auth.mode none
+    password: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def secret_name(proxy_name: str) -> str:
+    """`<name>-proxy-credentials`, capped to 253 characters, ending in an alphanumeric character."""
+    return (proxy_name + SUFFIX)[:MAX_NAME].rstrip("-.")
+
+
+class CredentialsWriter:
+    """Writes a Proxy's Secret when its credentials changed since this writer last wrote them."""
+
+    def __init__(self, api: ApiClient) -> None:
+        self.api = api
+        self.writes = 0
+        self._written: dict[str, Credentials] = {}  # uid -> credentials applied
+        self._lock = threading.Lock()
+
+    def write(self, ref: ProxyRef, credentials: Credentials) -> bool:
+        """Apply the Secret unless it already holds these credentials; True when it was written."""
+        with self._lock:
+            if self._written.get(ref.uid) == credentials:
+                return False
+        request_json(
+            self.api,
+            "PATCH",
+            f"/api/v1/namespaces/{ref.namespace}/secrets/{secret_name(ref.name)}",
+            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            body=secret_body(ref, credentials),
+            content_type="application/apply-patch+yaml",  # JSON is YAML
+        )
+        with self._lock:
+            self._written[ref.uid] = credentials
+            self.writes += 1
+        return True
+
+    def forget(self, uid: str) -> None:
+        """The Proxy is gone (its Secret goes with it): stop remembering it."""
+        with self._lock:
+            self._written.pop(uid, None)
+
+
+def secret_body(ref: ProxyRef, credentials: Credentials) -> Obj:
+    fields = {k: str(v) for k, v in credentials.as_dict().items() if v is not None}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": SECRET_TYPE,
+        "metadata": {
+            "name": secret_name(ref.name),
+            "namespace": ref.namespace,
+            "labels": {**LABELS, PROXY_LABEL: ref.name},
+            "ownerReferences": [ref.owner_reference()],
+        },
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in fields.items()},
+    }
+
+
+class CredentialsReader:
+    """Every replica's view of the credentials Secrets of the watched namespaces (empty: all namespaces)."""
+
+    def __init__(self, api: ApiClient, namespaces: list[str], *, timeout_seconds: int = 300) -> None:
+        scopes = namespaces or [""]
+        self._known: dict[str, dict[str, Credentials]] = {scope: {} for scope in scopes}
+        self._lock = threading.Lock()
+        self.watchers = [
+            Watcher(
+                api,
+                f"/api/v1/namespaces/{scope}/secrets" if scope else "/api/v1/secrets",
+                on_list=lambda items, scope=scope: self._listed(scope, items),  # type: ignore[misc]
+                on_event=lambda kind, obj, scope=scope: self._event(scope, kind, obj),  # type: ignore[misc]
+                slim=slim_secret,
+                label_selector=f"{MANAGED_BY}={LABELS[MANAGED_BY]},{PROXY_LABEL}",
+                field_selector=f"type={SECRET_TYPE}",
+                timeout_seconds=timeout_seconds,
+                name=f"credentials {scope or '*'}",
+            )
+            for scope in scopes
+        ]
+
+    def start(self) -> None:
+        for watcher in self.watchers:
+            watcher.start()
+
+    def stop(self) -> None:
+        for watcher in self.watchers:
+            watcher.stop()
+
+    def synced(self, timeout: float) -> bool:
+        return all(watcher.synced.wait(timeout) for watcher in self.watchers)
+
+    def credentials(self, key: str) -> dict[str, Any] | None:
+        """{username, password, host, port, protocol} of the Proxy `namespace/name`, or None."""
+        namespace = key.partition("/")[0]
+        with self._lock:
+            found = (self._known.get(namespace) or self._known.get("") or {}).get(key)
+        return found.as_dict() if found is not None else None
+
+    def _listed(self, scope: str, items: list[Obj]) -> None:
+        fresh = {item["key"]: item["credentials"] for item in items if item.get("credentials")}
+        with self._lock:
+            self._known[scope] = fresh
+
+    def _event(self, scope: str, kind: str, obj: Obj) -> None:
+        with self._lock:
+            known = self._known[scope]
+            if kind == "DELETED" or not obj.get("credentials"):
+                known.pop(obj["key"], None)
+            else:
+                known[obj["key"]] = obj["credentials"]
+
+
+def slim_secret(obj: Obj) -> Obj:
+    """Only the proxy's key and its parsed credentials are kept (None when the Secret is not readable)."""
+    meta = obj.get("metadata") or {}
+    key = f"{meta.get('namespace')}/{(meta.get('labels') or {}).get(PROXY_LABEL)}"
+    return {"key": key, "credentials": parse(obj.get("data") or {})}
+
+
+def parse(data: dict[str, str]) -> Credentials | None:
+    try:
+        fields = {k: base64.b64decode(v).decode() for k, v in data.items()}
+        return Credentials(
+            host=fields["host"],
+            port=int(fields["port"]),
+            protocol=fields.get("protocol") or "http",
+            username=fields.get("username"),
+            password=fields.get("password"),
+        )
+    except (KeyError, ValueError, binascii.Error, UnicodeDecodeError):
+        return None
