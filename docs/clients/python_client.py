@@ -13,11 +13,14 @@ to the API.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+
+log = logging.getLogger(__name__)
 
 BAN_STATUSES = frozenset({403, 429})
 
@@ -101,18 +104,26 @@ class DiscoveryClient:
             try:
                 response = httpx.get(url, proxy=lease.url, timeout=timeout)
             except httpx.TransportError as exc:  # connect errors, resets, timeouts
-                self.report(lease, "error")
+                self._report_quietly(lease, "error")
                 last = exc
                 continue
             finally:
                 self.release(lease)
             if response.status_code in BAN_STATUSES:
-                self.report(lease, "banned", status_code=response.status_code)
+                self._report_quietly(lease, "banned", status_code=response.status_code)
                 last = RuntimeError(f"{url} answered {response.status_code} through {lease.key}")
                 continue
-            self.report(lease, "ok", status_code=response.status_code)
+            self._report_quietly(lease, "ok", status_code=response.status_code)
             return response
         raise RuntimeError(f"no good answer from {url} after {attempts} attempts") from last
+
+    def _report_quietly(self, lease: Lease, outcome: str, *, status_code: int | None = None) -> None:
+        """A refused report (429 past the report rate, 403 when the lease is long over) must not fail a
+        download that worked: say so and go on."""
+        try:
+            self.report(lease, outcome, status_code=status_code)
+        except RuntimeError as exc:
+            log.warning("report %s on %s not taken: %s", outcome, lease.key, exc)
 
     def close(self) -> None:
         """Release the leases still held, then close the connection to the API."""

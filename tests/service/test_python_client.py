@@ -132,3 +132,15 @@ def test_close_releases_the_leases_still_held(start_api: ApiFactory, four_proxie
     with api.client() as http:
         after = http.post("/v1/leases", json={"target": TARGET, "count": 4}, headers=auth("crawler-a"))
     assert sorted(item["key"] for item in after.json()["leases"]) == KEYS
+
+
+def test_a_refused_report_does_not_fail_a_download_that_worked(
+    start_api: ApiFactory, four_proxies: Inventory
+) -> None:
+    """Past the report rate the API answers 429; the page was fetched all the same."""
+    client_module = load_client()
+    api = start_api(inventory=four_proxies, cooldown_seconds=0, report_rate_limit=1)
+    with Site() as site, client_module.DiscoveryClient(api.url, TOKENS["crawler-a"][0]) as client:
+        pages = [client.fetch(site.url("/ok"), target=TARGET, wait=0) for _ in range(2)]
+    assert [page.status_code for page in pages] == [200, 200]
+    assert metric(api, 'proxy_operator_reports_total{outcome="ok"}') == 1  # the second was refused
