@@ -206,7 +206,7 @@ def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
 def test_the_cluster_role_grants_what_the_kubernetes_source_needs() -> None:
     rules = one("ClusterRole")["rules"]
     assert {"get", "list", "watch", "update", "patch"} <= granted(rules, "crawl.example.com", "proxies")
-    assert {"update", "patch"} <= granted(rules, "crawl.example.com", "proxies/status")
+    assert granted(rules, "crawl.example.com", "proxies/status") == {"get", "patch"}
     assert "update" in granted(rules, "crawl.example.com", "proxies/finalizers")
     assert {"create", "patch"} <= granted(rules, "", "events")
     assert granted(rules, "", "secrets") == {"get"}
