@@ -44,7 +44,7 @@ FIELD_RULES: dict[tuple[str, ...], list[dict[str, str]]] = {
     ("egress", "allow", "items", "cidr"): [  # EgressRule._cidr
         {
             "rule": "isIP(self) || isCIDR(self)",
-            "message": "not a CIDR: write it like 203.0.113.0/24 or 2001:db8::/32",
+            "message": "egress.allow[].cidr must be an address or a range such as 203.0.113.0/24",
         }
     ],
     ("local", "bindAddress"): [  # LocalProxySpec._ip_address

@@ -12,7 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stacks.manifests import Located, ManifestSet
-from stacks.models import GcpProvider, KvmProvider, LocalProvider, ProviderCatalogue, Proxy
+from stacks.models import (
+    GcpProvider,
+    KvmProvider,
+    LocalProvider,
+    ProviderCatalogue,
+    ProviderEntry,
+    Proxy,
+)
+from stacks.models.proxy import LOCAL_NO_AUTH_MESSAGE
 from stacks.problems import Problem
 
 
@@ -49,7 +57,24 @@ def proxy_problems(proxy: Proxy, catalogue: ProviderCatalogue) -> list[FieldProb
         problems += _kvm_host_problems(proxy, entry)
     if isinstance(entry, GcpProvider) and proxy.spec.gcp and proxy.spec.gcp.zone:
         problems += _gcp_zone_problems(proxy.spec.gcp.zone, entry)
-    return problems
+    return problems + _exposure_problems(proxy, entry)
+
+
+def _exposure_problems(proxy: Proxy, entry: ProviderEntry) -> list[FieldProblem]:
+    """Sources that would open a proxy to the internet, where only the catalogue entry tells."""
+    spec = proxy.spec
+    if isinstance(entry, GcpProvider) and not spec.allowed_source_ranges:
+        message = (
+            "a gcp proxy needs allowedSourceRanges: its firewall rule would otherwise admit the whole "
+            "internet; list the crawlers' CIDRs"
+        )
+        return [FieldProblem("spec.allowedSourceRanges", message)]
+    if not isinstance(entry, LocalProvider) or spec.auth.mode != "none" or spec.local is not None:
+        return []
+    if not ipaddress.ip_address(entry.bind_address).is_loopback:
+        message = LOCAL_NO_AUTH_MESSAGE.format(bind=entry.bind_address) + " (from the catalogue entry)"
+        return [FieldProblem("spec.auth.mode", message)]
+    return []
 
 
 def _gcp_zone_problems(zone: str, entry: GcpProvider) -> list[FieldProblem]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Literal
@@ -13,7 +14,9 @@ from stacks.models.egress import EgressSpec
 from stacks.models.status import ProxyStatus
 from stacks.models.wire import (
     API_VERSION,
+    DEFAULT_NO_AUTH_MIN_PREFIX,
     KIND,
+    NO_AUTH_MAX_ITEMS,
     OPEN_PROXY_MESSAGE,
     PROVIDER_TYPES,
     Cidr,
@@ -21,6 +24,17 @@ from stacks.models.wire import (
     WireModel,
     is_open_to_all,
     normalise_cidr,
+    too_wide_without_auth,
+)
+
+NO_AUTH_CEL_MESSAGE = (
+    f"auth.mode 'none' takes at most {NO_AUTH_MAX_ITEMS} allowedSourceRanges, each at least a "
+    f"/{DEFAULT_NO_AUTH_MIN_PREFIX[0]} (IPv4) or /{DEFAULT_NO_AUTH_MIN_PREFIX[1]} (IPv6); the service also "
+    "bounds their sum"
+)
+LOCAL_NO_AUTH_MESSAGE = (
+    "auth.mode is 'none' and local.bindAddress is {bind}: a local proxy without credentials may listen on "
+    "loopback only; set auth.mode to 'generated' or bind to 127.0.0.1"
 )
 
 
@@ -84,6 +98,22 @@ class ProxySpec(WireModel):
                     "message": OPEN_PROXY_MESSAGE,
                 },
                 {
+                    "rule": "self.auth.mode != 'none' || !has(self.allowedSourceRanges) || ("
+                    f"size(self.allowedSourceRanges) <= {NO_AUTH_MAX_ITEMS} && "
+                    # /0 is the open-proxy rule's to refuse: each refusal comes from one rule.
+                    "self.allowedSourceRanges.all(r, !isCIDR(r) || cidr(r).ip().isLoopback() || "
+                    "cidr(r).prefixLength() == 0 || "
+                    "cidr(r).prefixLength() >= "
+                    f"(cidr(r).ip().family() == 4 ? {DEFAULT_NO_AUTH_MIN_PREFIX[0]} : "
+                    f"{DEFAULT_NO_AUTH_MIN_PREFIX[1]})))",
+                    "message": NO_AUTH_CEL_MESSAGE,
+                },
+                {
+                    "rule": "self.auth.mode != 'none' || !has(self.local) || "
+                    "ip(self.local.bindAddress).isLoopback()",
+                    "message": "auth.mode 'none' needs a loopback local.bindAddress",
+                },
+                {
                     "rule": "[has(self.kubernetes), has(self.gcp), has(self.kvm), has(self.local)]"
                     ".filter(x, x).size() <= 1",
                     "message": "set at most one provider-type block",
@@ -122,9 +152,28 @@ class ProxySpec(WireModel):
     def _cidrs_and_not_open(cls, value: list[str], info: ValidationInfo) -> list[str]:
         ranges = list(dict.fromkeys(normalise_cidr(item) for item in value))
         auth = info.data.get("auth")
-        if isinstance(auth, AuthSpec) and auth.mode == "none" and is_open_to_all(ranges):
-            raise ValueError(OPEN_PROXY_MESSAGE)
+        if isinstance(auth, AuthSpec) and auth.mode == "none":
+            if is_open_to_all(ranges):
+                raise ValueError(OPEN_PROXY_MESSAGE)
+            if len(ranges) > NO_AUTH_MAX_ITEMS:
+                raise ValueError(
+                    f"auth.mode is 'none' with {len(ranges)} allowedSourceRanges: at most "
+                    f"{NO_AUTH_MAX_ITEMS} without credentials; set credentials or merge the ranges"
+                )
+            too_wide = too_wide_without_auth(ranges)
+            if too_wide:
+                raise ValueError(too_wide)
         return ranges
+
+    @model_validator(mode="after")
+    def _local_without_auth_on_loopback(self) -> ProxySpec:
+        if (
+            self.auth.mode == "none"
+            and self.local
+            and not ipaddress.ip_address(self.local.bind_address).is_loopback
+        ):
+            raise ValueError(LOCAL_NO_AUTH_MESSAGE.format(bind=self.local.bind_address))
+        return self
 
     @model_validator(mode="after")
     def _one_block(self) -> ProxySpec:

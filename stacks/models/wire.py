@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,6 +49,48 @@ def normalise_cidr(value: str) -> str:
         return str(ipaddress.ip_network(value.strip(), strict=False))
     except ValueError:
         raise ValueError(f"'{value}' is not a CIDR: write it like 203.0.113.0/24 or 2001:db8::/32") from None
+
+
+# Without credentials a proxy's sources may cover at most this many addresses (one /16, one /48): wider is an
+# open proxy in all but name (0.0.0.0/1 + 128.0.0.0/1 is the internet). The CRD holds the per-range prefix.
+NO_AUTH_MAX_PREFIX_ENV = "PROXY_OPERATOR_NO_AUTH_MIN_PREFIX"  # "16,48": the IPv4 and IPv6 prefix lengths
+DEFAULT_NO_AUTH_MIN_PREFIX = (16, 48)
+NO_AUTH_MAX_ITEMS = 32
+
+
+def no_auth_min_prefix() -> tuple[int, int]:
+    """(IPv4, IPv6) prefix lengths whose size bounds the sources of a proxy without credentials."""
+    raw = os.environ.get(NO_AUTH_MAX_PREFIX_ENV, "")
+    try:
+        v4, v6 = (int(part) for part in raw.split(","))
+    except ValueError:
+        return DEFAULT_NO_AUTH_MIN_PREFIX
+    return v4, v6
+
+
+def source_coverage(ranges: list[str]) -> tuple[int, int]:
+    """How many IPv4 and IPv6 addresses the ranges cover together (overlaps counted once); loopback ranges
+    count for nothing (only this machine is there)."""
+    networks = [ipaddress.ip_network(r) for r in ranges if not ipaddress.ip_network(r).is_loopback]
+    v4 = [n for n in networks if isinstance(n, ipaddress.IPv4Network)]
+    v6 = [n for n in networks if isinstance(n, ipaddress.IPv6Network)]
+    return (
+        sum(n.num_addresses for n in ipaddress.collapse_addresses(v4)),
+        sum(n.num_addresses for n in ipaddress.collapse_addresses(v6)),
+    )
+
+
+def too_wide_without_auth(ranges: list[str]) -> str | None:
+    """Why these sources are too wide for a proxy without credentials, or None."""
+    v4_prefix, v6_prefix = no_auth_min_prefix()
+    v4, v6 = source_coverage(ranges)
+    if v4 > 2 ** (32 - v4_prefix) or v6 > 2 ** (128 - v6_prefix):
+        return (
+            f"auth.mode is 'none' and allowedSourceRanges cover {v4} IPv4 and {v6} IPv6 addresses, more than "
+            f"one /{v4_prefix} (IPv4) or /{v6_prefix} (IPv6) allows without credentials: set auth.mode to "
+            "'generated' or 'secret', or narrow the ranges to the crawlers' CIDRs"
+        )
+    return None
 
 
 def is_open_to_all(ranges: list[str]) -> bool:

@@ -35,9 +35,10 @@ def provider(entry: GcpProvider, settings: ProgramSettings) -> gcp.Provider:
 
 
 def ranges_by_family(ranges: list[str]) -> dict[str, list[str]]:
-    """{"v4": [...], "v6": [...]}; no ranges means all IPv4 (credentials are then required by the model)."""
+    """{"v4": [...], "v6": [...]}; no ranges means no rule: the proxy port stays closed (validation refuses
+    a gcp proxy without ranges; an empty list must never mean the internet)."""
     families: dict[str, list[str]] = {}
-    for cidr in ranges or ["0.0.0.0/0"]:
+    for cidr in ranges:
         family = "v4" if ipaddress.ip_network(cidr).version == 4 else "v6"
         families.setdefault(family, []).append(cidr)
     return families

@@ -85,8 +85,25 @@ MISTAKES = [
     Mistake("auth-mode-unknown", "schema", "spec.auth.mode", {"auth": {"mode": "open"}}),
     Mistake("open-proxy-no-ranges", "cel", OPEN_PROXY, none_auth()),
     Mistake("open-proxy-everyone", "cel", OPEN_PROXY, none_auth("0.0.0.0/0")),
-    Mistake("open-proxy-ipv6-everyone", "cel", OPEN_PROXY, none_auth("10.0.0.0/8", "::/0")),
+    Mistake("open-proxy-ipv6-everyone", "cel", OPEN_PROXY, none_auth("10.1.0.0/16", "::/0")),
     Mistake("open-proxy-odd-zero", "cel", OPEN_PROXY, none_auth("1.2.3.4/0")),
+    Mistake("open-proxy-two-halves", "cel", "takes at most 32", none_auth("0.0.0.0/1", "128.0.0.0/1")),
+    Mistake("open-proxy-wide-ipv6", "cel", "takes at most 32", none_auth("2001:db8::/32")),
+    Mistake(
+        "open-proxy-many-ranges",
+        "cel",
+        "takes at most 32",
+        none_auth(*(f"203.0.{i}.0/28" for i in range(33))),
+    ),
+    Mistake(
+        "no-auth-local-wildcard",
+        "cel",
+        "needs a loopback",
+        {**none_auth("127.0.0.1/32"), "local": {"bindAddress": "0.0.0.0"}},
+    ),
+    Mistake(
+        "egress-cidr-bad", "cel", "egress.allow[].cidr", {"egress": {"allow": [{"cidr": "10.0.0.0/33"}]}}
+    ),
     Mistake("secret-without-ref", "cel", "needs auth.secretRef.name", {"auth": {"mode": "secret"}}),
     Mistake("ref-without-secret-mode", "cel", "only read when", {"auth": {"secretRef": {"name": "creds"}}}),
     Mistake(
@@ -147,7 +164,7 @@ ACCEPTED = {
     "bare-address-range": proxy({"allowedSourceRanges": ["192.0.2.7", "2001:db8::1"]}),
     "host-bits-set": proxy({"allowedSourceRanges": ["10.1.2.3/8", "2001:db8::1/32"]}),
     "open-ranges-with-credentials": proxy({"allowedSourceRanges": ["0.0.0.0/0", "::/0"]}),
-    "no-auth-narrow-ranges": proxy(none_auth("10.0.0.0/8", "2001:db8::/32")),
+    "no-auth-narrow-ranges": proxy(none_auth("10.1.0.0/16", "2001:db8::/48")),
     "secret-with-ref": proxy(
         {"auth": {"mode": "secret", "secretRef": {"name": "creds", "namespace": "ops"}}}
     ),

@@ -135,7 +135,8 @@ def test_load_balancer_publishes_the_ingress_ip_and_limits_sources(mocks: Record
 def test_network_policy_admits_only_the_ranges_on_the_proxy_port(mocks: RecordingMocks) -> None:
     spec = {"provider": "in-cluster", "port": 8080, "allowedSourceRanges": ["10.1.0.0/16"]}
     run(entry=ENTRY, proxies=[proxy("a", **spec), proxy("open", provider="in-cluster")], settings=SETTINGS)
-    policy, open_policy = mocks.of_type(POLICY)
+    by_name = {p.inputs["metadata"]["name"]: p for p in mocks.of_type(POLICY)}
+    policy, open_policy = by_name["px-crawl-a"], by_name["px-crawl-open"]
     rules = policy.inputs["spec"]
     # Without ranges the policy governs egress only: the port stays open (credentials are required then).
     assert open_policy.inputs["spec"]["policyTypes"] == ["Egress"]
