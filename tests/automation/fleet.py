@@ -44,7 +44,7 @@ def proxy_doc(name: str, *, provider: str = "local", port: int, **spec: Any) -> 
             "provider": provider,
             "port": port,
             "allowedSourceRanges": ["127.0.0.0/8"],
-            # The test sites and the service's echo listen on loopback ports the kernel picks: allowed explicitly.
+            # Test sites and the service's echo listen on loopback ports the kernel picks: allowed explicitly.
             "egress": {"allow": [{"cidr": "127.0.0.1/32"}]},
             **spec,
         },
