@@ -63,6 +63,10 @@ class Reporter(Protocol):
 
     def proxy_held(self, key: str, *, reason: str, message: str) -> None: ...
 
+    def operation_started(self, plan: StackPlan, *, type_: str) -> None: ...
+
+    def operation_finished(self, plan: StackPlan, *, type_: str, error: str | None = None) -> None: ...
+
 
 @dataclass
 class Reconciler:
@@ -225,7 +229,15 @@ class Reconciler:
         self.reporter.stack_removed(name)
 
     async def _up(self, plan: StackPlan, resolved: ResolvedStack, *, refresh: bool) -> None:
-        result = await asyncio.to_thread(self.engine.up, resolved.input, refresh=refresh)
+        self.reporter.operation_started(plan, type_="up")
+        try:
+            result = await asyncio.to_thread(self.engine.up, resolved.input, refresh=refresh)
+        except Exception as exc:
+            self.reporter.operation_finished(
+                plan, type_="up", error=getattr(exc, "message", None) or str(exc)
+            )
+            raise
+        self.reporter.operation_finished(plan, type_="up")
         self._owned[plan.name] = Ownership.OURS  # created (and tagged) by this up if it was new
         self._applied[plan.name] = resolved.input.spec_hash
         self._outputs[plan.name] = result.outputs

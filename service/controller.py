@@ -77,6 +77,7 @@ class Controller:
         self.started = False
         self._monotonic = monotonic
         self._last_repair: dict[str, float] = {}
+        self._applied_hash: dict[str, str] = {}  # key -> the spec hash its stack last applied
         self._forced = 0  # requested runs so far: part of their stacks' hints, so each one is a new input
         self.loop_error: str | None = None  # the last pass's failure, None while the loop is well
 
@@ -139,6 +140,7 @@ class Controller:
             dirty |= self.planner.set_catalogue(change.catalogue)
         for proxy in change.upserts:
             self._pending_deletions.pop(proxy.key, None)  # declared again: no longer leaving
+            self.status.set_deleting(proxy.key, False)
             dirty |= self.planner.upsert(proxy)
         dirty |= self._apply_deletions(change.deletions)
         dirty |= self._requested_runs(change.requested)
@@ -314,9 +316,13 @@ class Controller:
             out = published.get(key)
             address = Address(host=out["host"], port=int(out["port"])) if out and out.get("host") else None
             self.status.set_applied(key, stack=plan.name, spec_hash=planned.spec_hash, address=address)
+            if planned.proxy.metadata.generation is not None:
+                self.status.observe(key, generation=planned.proxy.metadata.generation)
             if out is None or key in (missing or set()):
                 continue  # left out, or its resources are gone (drift reported): claim nothing
             held_back = key in (held or set()) or self.planner.held_version(key) is not None
+            if not held_back:
+                self._applied_hash[key] = planned.spec_hash
             self._provisioned(key, stack=plan.name, held=held_back)
             if result is not None:
                 log.info(
@@ -347,8 +353,23 @@ class Controller:
     def proxy_held(self, key: str, *, reason: str, message: str) -> None:
         self._hold(key, Hold(reason, message))
 
+    def operation_started(self, plan: StackPlan, *, type_: str) -> None:
+        for key in self._concerned(plan):
+            self.status.operation_started(key, type_=type_)
+
+    def operation_finished(self, plan: StackPlan, *, type_: str, error: str | None = None) -> None:
+        for key in self._concerned(plan):
+            self.status.operation_finished(key, type_=type_, succeeded=error is None, message=error or "")
+
+    def _concerned(self, plan: StackPlan) -> list[str]:
+        """The proxies a run of `plan` changes (new or changed since applied): the others' lastOperation
+        stays, so a neighbour's change writes no status for them."""
+        forced = self.reconciler.run_due(plan.name)  # not a drift check: a quiet resync writes nothing
+        return [p.key for p in plan.proxies if forced or self._applied_hash.get(p.key) != p.spec_hash]
+
     def released(self, proxy: Proxy, *, forgotten: bool = False) -> None:
         self.source.release(proxy.key)
+        self._applied_hash.pop(proxy.key, None)
         self.inventory.remove(proxy.key)
         self._source_holds.pop(proxy.key, None)
         message = (
@@ -435,6 +456,7 @@ class Controller:
         if is_deleting(proxy):
             if proxy.key in self._pending_deletions:
                 return  # held by the deletion budget: reported there
+            self.status.set_deleting(proxy.key)
             self.status.event(proxy.key, reason=Reason.DELETING, message="removing its resources")
             return
         error = self.planner.rejected.get(proxy.key)
