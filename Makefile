@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export PULUMI_SKIP_UPDATE_CHECK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps test-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock
+.PHONY: help install system-deps test-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock image
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -51,6 +51,10 @@ lint: venv ## ruff, formatting, the layer contracts and mypy
 
 bench: install ## benchmarks: figures and ratios against baselines measured in the same run
 	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+image: tools ## container image from the Dockerfile with podman, no registry (root; not part of make test)
+	@bash scripts/install-k8s-plugin.sh
+	@bash scripts/build-image.sh
 
 kvm-ssh-secret: ## print/apply the kvm-ssh Secret (KVM_SSH_KEY, KVM_KNOWN_HOSTS); refuses a .pub key
 	@bash scripts/kvm-ssh-secret.sh

@@ -111,6 +111,8 @@ stage_tools() {  # prints the folder given as the `pulumi-tools` build context (
   printf '%s\n' "$cache/tools"
 }
 
+arch() { case "$(uname -m)" in aarch64|arm64) echo arm64 ;; *) echo amd64 ;; esac; }
+
 pip_cert() {  # the CA bundle this machine's pip uses, if it names one
   local cert="${PIP_CERT:-}"
   [ -n "$cert" ] || cert="$(python3 -m pip config get global.cert 2>/dev/null || true)"
@@ -128,7 +130,7 @@ build() {
   cert="$(pip_cert)"
   [ -z "$cert" ] || secret=(--secret "id=pip-cert,src=$cert")
   podman build --quiet --runtime runc --network host --layers "${no_cache[@]}" "${secret[@]}" \
-    --build-arg "BASE_IMAGE=$base" --build-context "pulumi-tools=$tools" \
+    --build-arg "BASE_IMAGE=$base" --build-context "pulumi-tools=$tools" --build-arg "TARGETARCH=$(arch)" \
     --tag "$image:$version" --tag "$image:latest" --file "$root/Dockerfile" "$root" >/dev/null
   say "built $image:$version in $(( $(date +%s) - started )) s:" \
     "$(( $(podman image inspect --format '{{.Size}}' "$image:$version") / 1048576 )) MiB"

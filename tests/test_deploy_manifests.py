@@ -1,9 +1,11 @@
 """Offline checks of the cluster manifests (deploy/, crds/) and of the docs that describe the settings.
 
-No cluster here: these load every YAML document and check the invariants a reviewer would check by eye --
-the pod runs non-root on a read-only root filesystem with writable emptyDirs, RBAC grants what the
-Kubernetes source will need, every Secret and ConfigMap the Deployment names has a sample, every
-PROXY_OPERATOR_* variable is a real setting, and docs/operations.md lists every setting.
+These load every YAML document and check the invariants a reviewer would check by eye -- the pod runs
+non-root on a read-only root filesystem with writable emptyDirs, in the in-cluster mode (no --manifests, the
+catalogue ConfigMap read through the API) with two replicas under leader election, RBAC grants what the
+Kubernetes source needs, every Secret and ConfigMap the Deployment names has a sample, every PROXY_OPERATOR_*
+variable is a real setting, and docs/operations.md lists every setting. tests/kube applies them to a real
+API server.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import yaml
 
 from service.auth import parse_tokens
 from service.config import OperatorSettings
+from service.kube.settings import KubeSettings
 from service.settings import DiscoverySettings, HealthSettings
 from stacks.catalogue import parse_catalogue
 
@@ -144,11 +147,45 @@ def test_memory_and_probes() -> None:
     assert ctr["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
 
 
-def test_one_replica_that_is_replaced_not_rolled() -> None:
-    # No leader election yet: two replicas would reconcile the same stacks.
+def test_two_replicas_rolled_under_leader_election() -> None:
+    # Only the Lease holder reconciles: a rollout may run the old and the new pod side by side.
     spec = one("Deployment")["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"]["type"] == "Recreate"
+    assert spec["replicas"] == 2
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    budget = one("PodDisruptionBudget")["spec"]
+    assert budget["minAvailable"] == 1
+    assert budget["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+
+
+def test_serve_runs_the_in_cluster_mode() -> None:
+    args = container()["args"]
+    assert args[0] == "serve"
+    assert not any(a.startswith("--manifests") for a in args), "--manifests would force the folder mode"
+    env = {e["name"]: e for e in container()["env"]}
+    assert env["PROXY_OPERATOR_INSTALLATION"]["value"], "the stack owner must not be generated per pod"
+    assert env["PROXY_OPERATOR_KUBE_IDENTITY"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["PROXY_OPERATOR_KUBE_LEASE_NAME"]["value"] == "proxy-operator"
+    lease_role = one("Role", "proxy-operator-election")
+    assert lease_role["metadata"]["namespace"] == one("Deployment")["metadata"]["namespace"]
+
+
+def test_the_catalogue_config_map_is_read_through_the_api_not_mounted() -> None:
+    env = {e["name"]: e.get("value") for e in container()["env"]}
+    name, key = env["PROXY_OPERATOR_KUBE_CATALOGUE_CONFIGMAP"], env["PROXY_OPERATOR_KUBE_CATALOGUE_KEY"]
+    sample = one("ConfigMap", name)
+    assert key in sample["data"]
+    assert sample["metadata"]["namespace"] == one("Deployment")["metadata"]["namespace"]
+    assert not [v for v in pod_spec()["volumes"] if "configMap" in v]
+
+
+def test_watched_namespaces_have_the_credentials_role() -> None:
+    env = {e["name"]: e.get("value") for e in container()["env"]}
+    namespaces = yaml.safe_load(env["PROXY_OPERATOR_KUBE_NAMESPACES"])
+    assert namespaces, "an empty list watches every namespace and needs Secret list/watch cluster-wide"
+    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r["rules"] for r in objects("Role")}
+    for namespace in namespaces:
+        assert {"list", "watch"} <= granted(roles[(namespace, "proxy-operator-credentials")], "", "secrets")
 
 
 def test_the_passphrase_comes_from_a_mounted_secret() -> None:
@@ -164,6 +201,7 @@ def test_every_operator_variable_is_a_real_setting() -> None:
     known = {f"PROXY_OPERATOR_{name.upper()}" for name in OperatorSettings.model_fields}
     known |= {f"PROXY_OPERATOR_DISCOVERY_{name.upper()}" for name in DiscoverySettings.model_fields}
     known |= {f"PROXY_OPERATOR_HEALTH_{name.upper()}" for name in HealthSettings.model_fields}
+    known |= {f"PROXY_OPERATOR_KUBE_{name.upper()}" for name in KubeSettings.model_fields}
     names = {e["name"] for e in container()["env"] if e["name"].startswith("PROXY_OPERATOR_")}
     assert names, "no PROXY_OPERATOR_* variable at all?"
     assert names - known - PROGRAM_ENV == set()
