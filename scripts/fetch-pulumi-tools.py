@@ -20,11 +20,12 @@ RELEASES = "https://get.pulumi.com/releases"
 def fetch(url: str, member: str, target: Path) -> None:
     print("downloading", url, flush=True)
     with urllib.request.urlopen(url, timeout=300) as answer:
-        bundle = tarfile.open(fileobj=io.BytesIO(answer.read()))
-    source = bundle.extractfile(member)
-    if source is None:
-        raise SystemExit(f"{url} holds no file {member}")
-    target.write_bytes(source.read())
+        data = answer.read()
+    with tarfile.open(fileobj=io.BytesIO(data)) as bundle:
+        source = bundle.extractfile(member)
+        if source is None:
+            raise SystemExit(f"{url} holds no file {member}")
+        target.write_bytes(source.read())
     target.chmod(0o755)
 
 
