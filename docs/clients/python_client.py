@@ -5,7 +5,15 @@
 
 `fetch` runs the loop every crawler runs: lease, fetch through the proxy, report, release. A ban answer
 (403/429) is reported as `banned`, a failed download (connection error, or no answer within `timeout`)
-as `error`, and the fetch is retried through another proxy. Leases taken with `lease()` and not released
+as `error`, and the fetch is retried through another proxy.
+
+The proxy's own answers are not the site's (docs/security.md, "The proxies"): a plain-HTTP answer whose
+`Proxy-Status` header (RFC 9209) names an error, or a CONNECT that failed (no site answered at all). A
+refusal by the proxy's egress policy (`destination_ip_prohibited`, or a CONNECT answered 403) raises
+`Refused`; a site the proxy could not reach (`connection_refused`, `dns_error`, ..., or a CONNECT answered
+502/504) raises `SiteDown`. Neither is reported (not a ban, and the proxy did its job) nor retried: the
+destination is refused or down whichever proxy asks. Any other error the proxy names is reported as
+`error` and retried. Leases taken with `lease()` and not released
 are released by `close()`; `renew()` extends one. This file is run by the tests
 (tests/service/test_python_client.py, against a live API, real proxies and a real site), so it stays true
 to the API.
@@ -14,6 +22,7 @@ to the API.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +32,10 @@ import httpx
 log = logging.getLogger(__name__)
 
 BAN_STATUSES = frozenset({403, 429})
+# RFC 9209 error types: what a refusal by the proxy's policy and a site it could not reach are called.
+REFUSALS = frozenset({"destination_ip_prohibited", "http_request_denied"})
+SITE_DOWN = ("dns_", "destination_", "connection_", "tls_", "http_response_")  # prefixes of the types
+CONNECT_REFUSED, CONNECT_SITE_DOWN = frozenset({403}), frozenset({502, 504})
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,22 @@ class NoProxyAvailable(Exception):
     def __init__(self, reason: str, retry_after: float) -> None:
         super().__init__(f"{reason}: retry after {retry_after:g} s")
         self.reason, self.retry_after = reason, retry_after
+
+
+class ProxyAnswer(Exception):
+    """The proxy answered instead of the site: `error` is the RFC 9209 type (None for a bare CONNECT)."""
+
+    def __init__(self, url: str, key: str, status: int, error: str | None) -> None:
+        super().__init__(f"{url}: {status} {error or 'CONNECT failed'} from proxy {key}")
+        self.url, self.key, self.status, self.error = url, key, status, error
+
+
+class Refused(ProxyAnswer):
+    """The proxy's egress policy refused the destination (docs/security.md): ask the operator."""
+
+
+class SiteDown(ProxyAnswer):
+    """The proxy could not reach the site (refused, unresolved, timed out): try again later."""
 
 
 class DiscoveryClient:
@@ -91,7 +120,8 @@ class DiscoveryClient:
         """GET `url` through a leased proxy; on a ban or a failed download, report it and try another.
 
         A site that does not answer within `timeout` is reported as `error`, like a proxy that fails:
-        from here the two cannot be told apart (docs/api.md, "What to report").
+        from here the two cannot be told apart (docs/api.md, "What to report"). The proxy's own refusal
+        raises `Refused`, a site it could not reach `SiteDown`: neither is reported nor retried.
         """
         last: Exception | None = None
         for _ in range(attempts):
@@ -102,20 +132,43 @@ class DiscoveryClient:
                 last = exc
                 continue
             try:
-                response = httpx.get(url, proxy=lease.url, timeout=timeout)
-            except httpx.TransportError as exc:  # connect errors, resets, timeouts
-                self._report_quietly(lease, "error")
-                last = exc
-                continue
+                answer: httpx.Response | httpx.TransportError = httpx.get(
+                    url, proxy=lease.url, timeout=timeout
+                )
+            except httpx.TransportError as exc:  # connect errors, resets, timeouts, a failed CONNECT
+                answer = exc
             finally:
                 self.release(lease)
-            if response.status_code in BAN_STATUSES:
-                self._report_quietly(lease, "banned", status_code=response.status_code)
-                last = RuntimeError(f"{url} answered {response.status_code} through {lease.key}")
-                continue
-            self._report_quietly(lease, "ok", status_code=response.status_code)
-            return response
+            judged = self._judge(url, lease, answer)
+            if isinstance(judged, httpx.Response):
+                return judged
+            last = judged
         raise RuntimeError(f"no good answer from {url} after {attempts} attempts") from last
+
+    def _judge(
+        self, url: str, lease: Lease, answer: httpx.Response | httpx.TransportError
+    ) -> httpx.Response | Exception:
+        """Report what `answer` says about the proxy; the page when it is one, the reason to retry when not.
+        The proxy's own refusal or a site it could not reach raise (nothing reported)."""
+        if isinstance(answer, httpx.TransportError):
+            status = connect_status(answer)
+            kind = answer_kind(connect=status)
+            if kind is not None and status is not None:
+                raise kind(url, lease.key, status, None) from answer
+            self._report_quietly(lease, "error")
+            return answer
+        status, error = answer.status_code, proxy_error(answer)
+        kind = answer_kind(error=error)
+        if kind is not None:
+            raise kind(url, lease.key, status, error)
+        if error is not None:  # the proxy failed on its own (RFC 9209 names it): its health, not a ban
+            self._report_quietly(lease, "error", status_code=status)
+            return RuntimeError(f"{url}: proxy {lease.key} answered {status} {error}")
+        if status in BAN_STATUSES:
+            self._report_quietly(lease, "banned", status_code=status)
+            return RuntimeError(f"{url} answered {status} through {lease.key}")
+        self._report_quietly(lease, "ok", status_code=status)
+        return answer
 
     def _report_quietly(self, lease: Lease, outcome: str, *, status_code: int | None = None) -> None:
         """A refused report (429 past the report rate, 403 when the lease is long over) must not fail a
@@ -138,6 +191,51 @@ class DiscoveryClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def proxy_error(response: httpx.Response) -> str | None:
+    """The error type of the proxy's own answer: the `error` parameter of the last `Proxy-Status` member
+    (the intermediary nearest to us, RFC 9209 section 2) of an error response; None for the site's answers."""
+    value = response.headers.get("Proxy-Status")
+    if response.status_code < 400 or not value:
+        return None
+    for param in _split(_split(value, ",")[-1], ";")[1:]:
+        name, _, token = param.partition("=")
+        if name.strip() == "error":
+            return token.strip()
+    return None
+
+
+def connect_status(exc: Exception) -> int | None:
+    """The status of a failed CONNECT (httpx raises ProxyError("403 Forbidden")); None for other errors."""
+    found = re.match(r"(\d{3})\b", str(exc)) if isinstance(exc, httpx.ProxyError) else None
+    return int(found.group(1)) if found else None
+
+
+def answer_kind(*, error: str | None = None, connect: int | None = None) -> type[ProxyAnswer] | None:
+    """Refused or SiteDown for the proxy's own answer, told by its RFC 9209 error type or, for a tunnel,
+    by the failed CONNECT's status; None when it is neither (a proxy failure, or the site's answer)."""
+    if error is not None:
+        if error in REFUSALS:
+            return Refused
+        return SiteDown if error.startswith(SITE_DOWN) else None
+    if connect in CONNECT_REFUSED:
+        return Refused
+    return SiteDown if connect in CONNECT_SITE_DOWN else None
+
+
+def _split(text: str, separator: str) -> list[str]:
+    """Split a structured-field list on `separator` outside quoted strings."""
+    parts, current, quoted, escaped = [], "", False, False
+    for char in text:
+        if char == separator and not quoted:
+            parts.append(current)
+            current = ""
+            continue
+        current += char
+        quoted = quoted != (char == '"' and not escaped)
+        escaped = char == "\\" and not escaped
+    return [*parts, current]
 
 
 def _raise_for_error(response: httpx.Response) -> None:

@@ -8,6 +8,13 @@ the request is sent again, or at the latest when the spider closes. Sticky sessi
 `request.meta["proxy_session"] = "cart-42"` and every request of that session uses one proxy (a session
 belongs to the token's client name, whatever the site: see docs/api.md).
 
+The proxy's own answers are not the site's (docs/security.md, "The proxies"): an answer whose
+`Proxy-Status` header (RFC 9209) names an error, or a CONNECT tunnel that failed. A refusal by the proxy's
+egress policy (`destination_ip_prohibited`, a CONNECT answered 403) is neither reported nor retried (the
+request gets `dont_retry`: every proxy would refuse it). A site the proxy could not reach
+(`connection_refused`, `dns_error`, ..., a CONNECT answered 502/504) is not reported either and is left
+to Scrapy's RetryMiddleware, which leases afresh. Other errors the proxy names are reported as `error`.
+
 settings.py:
 
     TWISTED_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"  # the middleware is asyncio
@@ -29,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,6 +45,10 @@ import httpx
 log = logging.getLogger(__name__)
 LEASE_META = "proxy_operator_lease"
 RETRIES_META = "proxy_operator_retries"
+# RFC 9209 error types: what a refusal by the proxy's policy and a site it could not reach are called.
+REFUSALS = frozenset({"destination_ip_prohibited", "http_request_denied"})
+SITE_DOWN = ("dns_", "destination_", "connection_", "tls_", "http_response_")  # prefixes of the types
+CONNECT_REFUSED, CONNECT_SITE_DOWN = frozenset({403}), frozenset({502, 504})
 
 
 class ProxyOperatorMiddleware:
@@ -95,6 +107,9 @@ class ProxyOperatorMiddleware:
         lease = request.meta.get(LEASE_META)
         if lease is None or lease["leaseId"] not in self._live:
             return response
+        error = proxy_error(response.status, response.headers.get("Proxy-Status"))
+        if error is not None:
+            return await self._proxy_answered(request, response, lease, error=error)
         banned = response.status in self._ban_codes
         await self._finish(lease, outcome="banned" if banned else "ok", status_code=response.status)
         if banned:
@@ -110,6 +125,12 @@ class ProxyOperatorMiddleware:
         if isinstance(exception, IgnoreRequest):  # dropped by a later middleware: not the proxy's fault
             await self._release(lease)
             return None
+        kind = answer_kind(connect=connect_status(exception))
+        if kind is not None:  # a tunnel the proxy would not or could not open: no report
+            await self._release(lease)
+            log.warning("%s: CONNECT through %s: %s (%s)", request.url, lease["key"], kind, exception)
+            request.meta["dont_retry"] = request.meta.get("dont_retry") or kind == "refused"
+            return None
         await self._finish(lease, outcome="error", status_code=None)
         return self._retry(request, reason=f"{type(exception).__name__} through {lease['key']}")
 
@@ -120,6 +141,21 @@ class ProxyOperatorMiddleware:
         for lease in list(self._live.values()):
             await self._release(lease)
         await self._http.aclose()
+
+    async def _proxy_answered(self, request: Any, response: Any, lease: dict[str, Any], *, error: str) -> Any:
+        """The proxy answered with RFC 9209 type `error`: a refusal or a site down passes the answer on,
+        unreported (a refusal also unretried); any other error of the proxy's is its failure."""
+        kind = answer_kind(error=error)
+        if kind is None:
+            await self._finish(lease, outcome="error", status_code=response.status)
+            return self._retry(request, reason=f"{response.status} {error} from {lease['key']}") or response
+        await self._release(lease)
+        log.warning(
+            "%s: proxy %s answered %s %s (%s)", request.url, lease["key"], response.status, error, kind
+        )
+        if kind == "refused":
+            request.meta["dont_retry"] = True  # Scrapy's RetryMiddleware reads the response's request
+        return response
 
     async def _lease(self, request: Any) -> dict[str, Any]:
         body = {
@@ -164,3 +200,50 @@ class ProxyOperatorMiddleware:
         meta = {k: v for k, v in request.meta.items() if k not in (LEASE_META, "proxy")}
         meta[RETRIES_META] = retries
         return request.replace(meta=meta, dont_filter=True)
+
+
+def proxy_error(status: int, proxy_status: bytes | str | None) -> str | None:
+    """The error type of the proxy's own answer: the `error` parameter of the last `Proxy-Status` member
+    (the intermediary nearest to us, RFC 9209 section 2) of an error response; None for the site's answers."""
+    if status < 400 or not proxy_status:
+        return None
+    value = proxy_status.decode("latin-1") if isinstance(proxy_status, bytes) else proxy_status
+    for param in _split(_split(value, ",")[-1], ";")[1:]:
+        name, _, token = param.partition("=")
+        if name.strip() == "error":
+            return token.strip()
+    return None
+
+
+def connect_status(exception: Exception) -> int | None:
+    """The status of a failed CONNECT: Scrapy's TunnelError names it as "{'status': 403, ...}"."""
+    if type(exception).__name__ != "TunnelError":
+        return None
+    found = re.search(r"'status': (\d{3})", str(exception))
+    return int(found.group(1)) if found else None
+
+
+def answer_kind(*, error: str | None = None, connect: int | None = None) -> str | None:
+    """ "refused" or "site_down" for the proxy's own answer, told by its RFC 9209 error type or, for a
+    tunnel, by the failed CONNECT's status; None when it is neither (a proxy failure, or the site's)."""
+    if error is not None:
+        if error in REFUSALS:
+            return "refused"
+        return "site_down" if error.startswith(SITE_DOWN) else None
+    if connect in CONNECT_REFUSED:
+        return "refused"
+    return "site_down" if connect in CONNECT_SITE_DOWN else None
+
+
+def _split(text: str, separator: str) -> list[str]:
+    """Split a structured-field list on `separator` outside quoted strings."""
+    parts, current, quoted, escaped = [], "", False, False
+    for char in text:
+        if char == separator and not quoted:
+            parts.append(current)
+            current = ""
+            continue
+        current += char
+        quoted = quoted != (char == '"' and not escaped)
+        escaped = char == "\\" and not escaped
+    return [*parts, current]
