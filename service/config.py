@@ -103,6 +103,7 @@ class OperatorSettings(BaseSettings):
             passphrase=self.passphrase(),
             pulumi=find_pulumi(self.pulumi_path),
             installation=self.installation_name(),
+            probe_url=self.health.probe_url,  # serve sets its default (the bound port) before building
         )
 
     def installation_name(self) -> str:

@@ -82,6 +82,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.socket) -> Service:
     inventory = Inventory()
+    # The programs allow the probe's echo endpoint in every proxy's egress policy: they get the URL in use.
+    probe_url = (
+        settings.health.probe_url or f"http://{_probe_host(settings)}:{listener.getsockname()[1]}/v1/echo"
+    )
+    settings = settings.model_copy(
+        update={"health": settings.health.model_copy(update={"probe_url": probe_url})}
+    )
     controller = build_controller(settings, manifests, inventory=inventory)
     registry = CollectorRegistry()
     listen_port = listener.getsockname()[1]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from automation.errors import PermanentError
+from stacks.models.wire import NO_AUTH_MAX_PREFIX_ENV, no_auth_min_prefix
 
 # The folder that holds our packages: the checkout, or site-packages when the distribution is installed.
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,6 +47,9 @@ class EngineConfig:
     hostname: str = field(default_factory=socket.gethostname)
     installation: str | None = None  # tagged as the owner of every stack this engine creates
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    # The health probe's URL: every stack's config `proxy-operator:probeUrl`, so the programs allow its echo
+    # endpoint in each proxy's egress policy (stacks/programs/probe_allow.py); None: the environment's.
+    probe_url: str | None = None
     # Given the host of a stack lock that is not `hostname`: is that holder gone for good, so its lock may be
     # cancelled? None: other hosts' locks are never recovered. In a cluster the service passes a check of the
     # Lease and the pods (service.kube.holder); it may block (operations run in threads).
@@ -65,6 +69,8 @@ class EngineConfig:
         }
         if self.passphrase is not None:
             env["PULUMI_CONFIG_PASSPHRASE"] = self.passphrase
+        # The program validates Proxies with the model too: the same open-proxy limit as this process's.
+        env[NO_AUTH_MAX_PREFIX_ENV] = "{},{}".format(*no_auth_min_prefix())
         env.update(self.extra_env)
         return env
 

@@ -233,6 +233,7 @@ class Engine:
             f"{CONFIG_NAMESPACE}:credentials": auto.ConfigValue(spec.credentials_json, secret=True),
             f"{CONFIG_NAMESPACE}:specHash": auto.ConfigValue(spec.spec_hash),
             f"{CONFIG_NAMESPACE}:stack": auto.ConfigValue(spec.name),
+            f"{CONFIG_NAMESPACE}:probeUrl": auto.ConfigValue(self.config.probe_url or ""),  # "": none
         }
         if spec.provider_credentials is not None:
             key = f"{CONFIG_NAMESPACE}:providerCredentials"
