@@ -70,6 +70,7 @@ class Inventory:
         self._endpoints: dict[str, ProxyEndpoint] = {}
         self._health: dict[str, Health] = {}
         self._healthy: frozenset[str] | None = frozenset()  # None: rebuild on the next read
+        self._draining: set[str] = set()  # never handed out again (a pool replaces or removes them)
         self._loaded = False
         self._version = 0
         self._listeners: list[Callable[[], None]] = []
@@ -94,6 +95,7 @@ class Inventory:
 
     def remove(self, key: str) -> None:
         with self._lock:
+            self._draining.discard(key)
             if self._endpoints.pop(key, None) is not None:
                 self._health.pop(key, None)
                 self._changed()
@@ -112,6 +114,23 @@ class Inventory:
             self._health[key] = health
             if was != health.healthy:
                 self._changed()
+
+    # --- written by pools ----------------------------------------------------------------------------------
+    def drain(self, key: str) -> None:
+        """Stop handing `key` out; its leases run to their end (a renewal cannot pass it, see discovery)."""
+        with self._lock:
+            if key not in self._draining:
+                self._draining.add(key)
+                self._changed()
+
+    def undrain(self, key: str) -> None:
+        with self._lock:
+            if key in self._draining:
+                self._draining.discard(key)
+                self._changed()
+
+    def is_draining(self, key: str) -> bool:
+        return key in self._draining
 
     # --- reads --------------------------------------------------------------------------------------------
     @property
@@ -138,7 +157,9 @@ class Inventory:
         if healthy is None:
             with self._lock:
                 healthy = self._healthy = frozenset(
-                    k for k, h in self._health.items() if h.healthy and self._endpoints[k].has_address
+                    k
+                    for k, h in self._health.items()
+                    if h.healthy and self._endpoints[k].has_address and k not in self._draining
                 )
         return healthy
 

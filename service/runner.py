@@ -14,6 +14,7 @@ from automation.queue_state import QueueState
 from service.config import OperatorSettings
 from service.controller import Controller
 from service.inventory import Inventory
+from service.pools.wiring import pooled_directory
 from service.sources.directory import DirectorySource
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,17 @@ class ApplyReport:
 def build_controller(
     settings: OperatorSettings, manifests: Path, *, inventory: Inventory | None = None
 ) -> Controller:
-    return Controller(
+    # ProxyPools expand into child Proxies between the folder and the controller (service/pools); given the
+    # serving inventory they also rotate and replace children from its health.
+    source = pooled_directory(DirectorySource(manifests), inventory=inventory)
+    controller = Controller(
         settings=settings,
         engine=Engine(settings.engine_config()),
-        source=DirectorySource(manifests),
+        source=source,
         inventory=inventory if inventory is not None else Inventory(),
     )
+    source.ready = lambda: controller.started  # pools decide once the backend's stacks were read
+    return controller
 
 
 async def apply_once(

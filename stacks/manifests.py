@@ -15,7 +15,7 @@ import yaml
 from pydantic import ValidationError
 
 from stacks.catalogue import CatalogueFormatError, catalogue_body, is_catalogue_document
-from stacks.models import KIND, ProviderCatalogue, Proxy, duplicate_names_message
+from stacks.models import KIND, POOL_KIND, ProviderCatalogue, Proxy, ProxyPool, duplicate_names_message
 from stacks.problems import Problem, describe_error, field_path, render_path
 
 T = TypeVar("T")
@@ -51,6 +51,7 @@ class Located(Generic[T]):
 @dataclass
 class ManifestSet:
     proxies: list[Located[Proxy]] = field(default_factory=list)
+    pools: list[Located[ProxyPool]] = field(default_factory=list)
     catalogues: list[Located[ProviderCatalogue]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
     ignored: list[Source] = field(default_factory=list)
@@ -111,17 +112,19 @@ def _classify(*, source: Source, document: Any, into: ManifestSet) -> None:
         into.problems.append(_problem(source, "document", (), "is not a mapping: write a Kubernetes object"))
     elif document.get("kind") == KIND:
         _add_proxy(source=source, document=document, into=into)
+    elif document.get("kind") == POOL_KIND:
+        _add_pool(source=source, document=document, into=into)
     elif is_catalogue_document(document):
         _add_catalogue(source=source, document=document, into=into)
     else:
         into.ignored.append(source)
 
 
-def proxy_label(document: Mapping[str, Any]) -> str:
-    """`Proxy ns/name` from a raw document, as far as it can be read."""
+def proxy_label(document: Mapping[str, Any], kind: str = KIND) -> str:
+    """`Proxy ns/name` (or `ProxyPool ns/name`) from a raw document, as far as it can be read."""
     metadata = document.get("metadata")
     metadata = metadata if isinstance(metadata, Mapping) else {}
-    return f"{KIND} {metadata.get('namespace') or 'default'}/{metadata.get('name') or '?'}"
+    return f"{kind} {metadata.get('namespace') or 'default'}/{metadata.get('name') or '?'}"
 
 
 def _add_proxy(*, source: Source, document: Mapping[str, Any], into: ManifestSet) -> None:
@@ -129,6 +132,15 @@ def _add_proxy(*, source: Source, document: Mapping[str, Any], into: ManifestSet
         into.proxies.append(Located(source, Proxy.model_validate(document)))
     except ValidationError as exc:
         label = proxy_label(document)
+        for error in exc.errors():
+            into.problems.append(_problem(source, label, error["loc"], describe_error(error)))
+
+
+def _add_pool(*, source: Source, document: Mapping[str, Any], into: ManifestSet) -> None:
+    try:
+        into.pools.append(Located(source, ProxyPool.model_validate(document)))
+    except ValidationError as exc:
+        label = proxy_label(document, POOL_KIND)
         for error in exc.errors():
             into.problems.append(_problem(source, label, error["loc"], describe_error(error)))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from service.discovery.candidates import Candidates
 from service.discovery.errors import LeaseNotFound, NoProxyAvailable, SessionLost
 from service.discovery.limits import lease_ttl
+from service.discovery.observer import DiscoveryObserver
 from service.discovery.reports import ANY_TARGET, ReportOutcome, Reports
 from service.discovery.store import AcquireRequest, LeaseRecord, Penalty, Store
 from service.discovery.waiter import Waiter
@@ -71,6 +72,7 @@ class DiscoveryService:
         self._no_candidate_retry = no_candidate_retry  # the health interval: when a proxy may turn healthy
         self._waiter = Waiter()
         self._candidates = Candidates(inventory)
+        self.observer: DiscoveryObserver | None = None  # pools: hand-outs, unmet requests, ban reports
         inventory.add_listener(self._waiter.notify)
         self._reports = Reports(
             inventory=inventory,
@@ -93,6 +95,8 @@ class DiscoveryService:
             except NoProxyAvailable as exc:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
+                    if self.observer is not None:
+                        self.observer.unmet(query.pool)
                     raise
                 timeout = min(remaining, max(exc.retry_after, 0.01), POLL_SECONDS)
                 await self._waiter.wait(generation, seconds=timeout)
@@ -157,6 +161,8 @@ class DiscoveryService:
         )
         acquired = await self.store.acquire(request, now=now)
         if acquired.leases:
+            if self.observer is not None:
+                self.observer.leased(acquired.leases)
             return acquired.leases
         if acquired.earliest is None:
             raise NoProxyAvailable(
@@ -187,14 +193,17 @@ class DiscoveryService:
         lease = await self.store.get_lease(lease_id, now=self._clock())
         if lease is None or lease.client != client:
             raise LeaseNotFound(f"no lease {lease_id!r} for client {client!r}")
+        now = self._clock()
+        allowed = lease_ttl(ttl, settings=self.settings)
+        if self.inventory.is_draining(lease.proxy):  # a renewal never extends a lease past a drain
+            allowed = min(allowed, max(lease.expires_at - now, 0.0))
         renewed = await self.store.renew(
-            lease_id,
-            now=self._clock(),
-            ttl=lease_ttl(ttl, settings=self.settings),
-            cooldown=self.settings.cooldown_seconds,
+            lease_id, now=now, ttl=allowed, cooldown=self.settings.cooldown_seconds
         )
         if renewed is None:
             raise LeaseNotFound(f"lease {lease_id!r} already ended (expired or released): lease again")
+        if self.observer is not None:
+            self.observer.renewed(renewed)
         if renewed.expires_at < lease.expires_at:  # shortened: its hold may end sooner
             self._waiter.notify()
         return renewed
@@ -203,9 +212,12 @@ class DiscoveryService:
         self, *, client: str, outcome: str, target: str | None, lease_id: str | None, proxy: str | None
     ) -> ReportOutcome:
         """Apply a client's report within the rules of `reports.py`."""
-        return await self._reports(
+        result = await self._reports(
             client=client, outcome=outcome, target=target, lease_id=lease_id, proxy=proxy
         )
+        if outcome == "banned" and self.observer is not None:
+            self.observer.banned(result.proxy, client)
+        return result
 
     async def penalties(self, proxy: str) -> list[Penalty]:
         return await self.store.penalties(proxy, now=self._clock())

@@ -85,6 +85,11 @@ class DirectorySource:
     def catalogue(self) -> ProviderCatalogue | None:
         return self._catalogue
 
+    @property
+    def manifest_set(self) -> ManifestSet | None:
+        """The last complete load of the folder (pools read their documents from it)."""
+        return self._last
+
     def credentials_for(self, proxy: Proxy) -> dict[str, str] | None:
         ref = proxy.spec.auth.secret_ref
         if ref is None:
