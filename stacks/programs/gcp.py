@@ -4,6 +4,10 @@ Per proxy: a firewall rule admitting exactly tcp:<port> from `allowedSourceRange
 tag (one rule per IP family: GCP refuses mixed families), an optional static external address, and the VM
 whose startup script installs and configures the proxy. The startup script is `metadata_startup_script`, so
 a change of port, credentials or ranges replaces the VM (a metadata edit alone would wait for a reboot).
+Credentials never enter the metadata (readable by every project viewer): they live in a Secret Manager
+secret per proxy, readable only by that proxy's own service account, which the VM runs as; the startup
+script fetches them at boot (`boot_credentials`) and names the secret version, so a rotation still
+replaces the VM.
 The published address is the VM's external NAT IP, where the firewall admits the proxy port.
 """
 
@@ -17,9 +21,12 @@ import pulumi
 import pulumi_gcp as gcp
 
 from stacks.models import GcpProvider
+from stacks.programs.boot_credentials import PLACEHOLDER, fetched_at_boot, gcp_secret_fetch
 from stacks.programs.component import ProxyEndpoint, gcp_labels, physical_name
 from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
-from stacks.programs.proxy_config import setup_script
+from stacks.programs.proxy_config import ProxySettings, setup_script
+
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"  # access is narrowed by IAM, not scopes
 
 
 def provider(entry: GcpProvider, settings: ProgramSettings) -> gcp.Provider:
@@ -60,6 +67,52 @@ def _firewalls(ctx: ProxyContext, *, entry: GcpProvider, tag: str, opts: pulumi.
         )
 
 
+def _secret_credentials(
+    ctx: ProxyContext, *, labels: dict[str, str], opts: pulumi.ResourceOptions
+) -> tuple[pulumi.Output[str], gcp.compute.InstanceServiceAccountArgs, pulumi.Resource]:
+    """The startup script that fetches the credentials, the VM's service account, and the grant."""
+    assert ctx.credentials is not None
+    key, spec = ctx.proxy.key, ctx.proxy.spec
+    account = gcp.serviceaccount.Account(
+        key,
+        account_id=physical_name("px", ctx.proxy, max_length=30),
+        display_name=f"proxy-operator proxy {key}",
+        opts=opts,
+    )
+    secret = gcp.secretmanager.Secret(
+        key,
+        secret_id=physical_name("px", ctx.proxy),
+        labels=labels,
+        replication=gcp.secretmanager.SecretReplicationArgs(
+            auto=gcp.secretmanager.SecretReplicationAutoArgs()
+        ),
+        opts=opts,
+    )
+    pair = pulumi.Output.all(ctx.credentials.username, ctx.credentials.password).apply(
+        lambda c: f"{c[0]}:{c[1]}"
+    )
+    version = gcp.secretmanager.SecretVersion(key, secret=secret.id, secret_data=pair, opts=opts)
+    grant = gcp.secretmanager.SecretIamMember(
+        key,
+        secret_id=secret.id,
+        role="roles/secretmanager.secretAccessor",
+        member=account.email.apply(lambda email: f"serviceAccount:{email}"),
+        opts=opts,
+    )
+    placeholder = ProxySettings(
+        port=spec.port,
+        protocol=spec.protocol.value,
+        allowed_source_ranges=tuple(spec.allowed_source_ranges),
+        egress=ctx.egress,
+        credentials=PLACEHOLDER,
+    )
+    script = pulumi.Output.from_input(version.name).apply(
+        lambda name: fetched_at_boot(setup_script(placeholder), gcp_secret_fetch(name))
+    )
+    runs_as = gcp.compute.InstanceServiceAccountArgs(email=account.email, scopes=[CLOUD_PLATFORM])
+    return script, runs_as, grant
+
+
 def _proxy(
     entry: GcpProvider, ctx: ProxyContext, settings: ProgramSettings, gcp_provider: gcp.Provider
 ) -> ProxyEndpoint:
@@ -76,6 +129,11 @@ def _proxy(
             ctx.proxy.key, name=name, region=region, labels=labels, opts=opts
         ).address
     access = gcp.compute.InstanceNetworkInterfaceAccessConfigArgs(nat_ip=nat_ip)
+    script: pulumi.Input[str] = proxy_settings(ctx).apply(setup_script)  # no credentials: nothing secret
+    runs_as, instance_opts = None, opts
+    if ctx.credentials is not None:
+        script, runs_as, grant = _secret_credentials(ctx, labels=labels, opts=opts)
+        instance_opts = pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[grant]))
     instance = gcp.compute.Instance(
         ctx.proxy.key,
         name=name,
@@ -89,7 +147,8 @@ def _proxy(
         network_interfaces=[
             gcp.compute.InstanceNetworkInterfaceArgs(network=entry.network, access_configs=[access])
         ],
-        metadata_startup_script=proxy_settings(ctx).apply(setup_script),
+        metadata_startup_script=script,
+        service_account=runs_as,
         tags=[name],
         labels=labels,
         scheduling=gcp.compute.InstanceSchedulingArgs(
@@ -97,7 +156,7 @@ def _proxy(
             automatic_restart=not block.preemptible,
             on_host_maintenance="TERMINATE" if block.preemptible else "MIGRATE",
         ),
-        opts=opts,
+        opts=instance_opts,
     )
     host = instance.network_interfaces.apply(_nat_ip)
     return ProxyEndpoint(host=host, port=spec.port, protocol=spec.protocol.value, instance_id=instance.id)

@@ -1,4 +1,4 @@
-"""The gcp program's inputs to Compute Engine, asserted on a recording mock.
+"""The gcp program's inputs to Compute Engine and Secret Manager, asserted on a recording mock.
 
 These tests mock with `pulumi.runtime.set_mocks` because the gcp provider plugin cannot be downloaded or run
 here; each test installs fresh mocks and runs the program under `pulumi.runtime.test`.
@@ -23,6 +23,10 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_gcp")
 INSTANCE = "gcp:compute/instance:Instance"
 FIREWALL = "gcp:compute/firewall:Firewall"
 ADDRESS = "gcp:compute/address:Address"
+ACCOUNT = "gcp:serviceaccount/account:Account"
+SECRET = "gcp:secretmanager/secret:Secret"
+VERSION = "gcp:secretmanager/secretVersion:SecretVersion"
+GRANT = "gcp:secretmanager/secretIamMember:SecretIamMember"
 EPHEMERAL_IP = "203.0.113.50"
 STATIC_IP = "198.51.100.7"
 GCP_LABEL_VALUE = re.compile(r"^[-_a-z0-9]{0,63}$")
@@ -40,7 +44,14 @@ def _nat_ip(outputs: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.fixture
 def mocks() -> RecordingMocks:
-    recording = RecordingMocks(computed={INSTANCE: _nat_ip, ADDRESS: lambda _: {"address": STATIC_IP}})
+    recording = RecordingMocks(
+        computed={
+            INSTANCE: _nat_ip,
+            ADDRESS: lambda _: {"address": STATIC_IP},
+            ACCOUNT: lambda o: {"email": f"{o['accountId']}@crawl-proj.iam.gserviceaccount.com"},
+            VERSION: lambda _: {"name": "projects/123/secrets/px-crawl-alpha/versions/1"},
+        }
+    )
     install(recording, stack="gcp-eu")
     return recording
 
@@ -83,7 +94,11 @@ def test_startup_script_installs_tinyproxy_with_credentials_and_ranges(mocks: Re
 
     assert "apt-get install -y -q tinyproxy" in script
     assert "Port 8888" in script
-    assert f"BasicAuth {GENERATED['username']} {GENERATED['password']}" in script
+    # The credentials come from Secret Manager at boot, never from the metadata.
+    assert "BasicAuth @PROXY_USERNAME@ @PROXY_PASSWORD@" in script
+    assert "secretmanager.googleapis.com/v1/projects/123/secrets/px-crawl-alpha/versions/1:access" in script
+    assert "s/@PROXY_USERNAME@/${PROXY_USERNAME}/;s/@PROXY_PASSWORD@/${PROXY_PASSWORD}/" in script
+    assert GENERATED["password"] not in script
     assert "Allow 203.0.113.0/24" in script
     assert outputs["credentials"]["crawl/alpha"] == GENERATED
 
@@ -94,8 +109,10 @@ def test_secret_mode_credentials_reach_the_script_as_a_secret(mocks: RecordingMo
     run(entry=ENTRY, proxies=[proxy("beta", **spec)], settings=_settings(), credentials=given)
     script = mocks.one(INSTANCE).inputs["metadataStartupScript"]
 
-    assert _is_secret(script)
-    assert "BasicAuth crawler from-the-secret" in script["value"]
+    assert "from-the-secret" not in str(script)
+    version = mocks.one(VERSION).inputs
+    assert _is_secret(version["secretData"])
+    assert version["secretData"]["value"] == "crawler:from-the-secret"
     assert mocks.of_type("pulumi-python:dynamic/proxy-operator:GeneratedCredentials") == []
 
 
@@ -109,7 +126,9 @@ def test_socks5_runs_dante_with_a_proxy_level_user(mocks: RecordingMocks) -> Non
 
     assert "apt-get install -y -q dante-server" in script
     assert "chpasswd" not in script
-    assert f"HASH=$(openssl passwd -6 '{GENERATED['password']}')" in script
+    assert 'HASH=$(openssl passwd -6 "${PROXY_PASSWORD}")' in script
+    assert 'echo "${PROXY_USERNAME}:$HASH"' in script
+    assert GENERATED["password"] not in script
     assert "internal: 0.0.0.0 port = 1080" in script
     assert "socksmethod: pam.username" in script
 
@@ -182,3 +201,20 @@ def test_provider_takes_the_catalogue_project_and_secret_credentials(mocks: Reco
     assert all(
         r.provider and "gcp-gcp-eu" in r.provider for r in mocks.of_type(INSTANCE) + mocks.of_type(FIREWALL)
     )
+
+
+def test_only_the_proxys_own_account_may_read_its_secret_and_the_vm_runs_as_it(mocks: RecordingMocks) -> None:
+    run(entry=ENTRY, proxies=[proxy("alpha", provider="gcp-eu")], settings=_settings())
+    account, grant = mocks.one(ACCOUNT).inputs, mocks.one(GRANT).inputs
+    instance = mocks.one(INSTANCE).inputs
+    email = f"{account['accountId']}@crawl-proj.iam.gserviceaccount.com"
+
+    assert grant["secretId"] == "crawl/alpha-id"  # this proxy's secret, not the project
+    assert grant["role"] == "roles/secretmanager.secretAccessor"
+    assert grant["member"] == f"serviceAccount:{email}"
+    assert instance["serviceAccount"]["email"] == email
+    assert mocks.one(SECRET).inputs["secretId"] == instance["name"]
+    # The password is in the secret version only: no metadata or other input of any resource holds it.
+    for resource in mocks.resources:
+        if resource.typ != VERSION:
+            assert GENERATED["password"] not in str(resource.inputs), resource.typ
