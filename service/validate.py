@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from service.pools.validate import pool_problems
 from stacks.manifests import load_manifests
 from stacks.problems import Problem
 from stacks.validation import check_manifests
@@ -17,6 +18,7 @@ class ValidationReport:
     proxies: int
     providers: int
     ignored: int
+    pools: int = 0
 
     @property
     def ok(self) -> bool:
@@ -26,6 +28,8 @@ class ValidationReport:
         ignored = f", {_count(self.ignored, 'other document')} ignored" if self.ignored else ""
         state = "valid" if self.ok else _count(len(self.problems), "problem")
         counts = f"{_count(self.proxies, 'Proxy', 'Proxies')}, {_count(self.providers, 'provider')}"
+        if self.pools:
+            counts += f", {_count(self.pools, 'ProxyPool')}"
         return f"{self.directory}: {counts}: {state}{ignored}"
 
 
@@ -49,8 +53,9 @@ def validate_manifests(directory: Path) -> ValidationReport:
     catalogue = manifests.catalogue
     return ValidationReport(
         directory=str(directory),
-        problems=check_manifests(manifests),
+        problems=check_manifests(manifests) + pool_problems(manifests),
         proxies=len(manifests.proxies),
+        pools=len(manifests.pools),
         providers=len(catalogue.providers) if catalogue else 0,
         ignored=len(manifests.ignored),
     )

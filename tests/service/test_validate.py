@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(
     p
     for p in (ROOT / "examples").iterdir()
-    if p.is_dir() and any("kind: Proxy" in f.read_text() for f in p.glob("*.yaml"))
+    if p.is_dir() and any(re.search(r"^kind: Proxy$", f.read_text(), re.M) for f in p.glob("*.yaml"))
 )
 
 CATALOGUE = """\
