@@ -1,0 +1,103 @@
+"""Orphans: resources that carry our marks but that no stack's state holds.
+
+One small query per provider type lists what carries our marks; the comparison with the stacks' state is
+pure (`orphans`). What is built:
+
+- **local**: processes `python -m stacks.forward_proxy <config>` whose config file lies under the state
+  folder of one of this installation's `local` catalogue entries. A local process carries no tag of its
+  own; its state folder is the mark (two installations on one machine must not share a stateDir). The state
+  side: every instance id (`<pid>-<start time>`) in the `proxies` output of any stack of the backend.
+
+Not built here: kubernetes (objects labelled `app.kubernetes.io/managed-by=proxy-operator`), gcp (instances
+labelled `managed-by`) and kvm (domains named `px-*`); see docs/pools.md, "Orphans".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+FORWARD_PROXY_MODULE = "stacks.forward_proxy"
+
+
+@dataclass(frozen=True)
+class LocalProcess:
+    pid: int
+    start_time: int
+    config: Path
+
+    @property
+    def instance_id(self) -> str:
+        return f"{self.pid}-{self.start_time}"
+
+
+@dataclass(frozen=True)
+class Orphan:
+    provider: str  # the catalogue entry whose mark it carries
+    kind: str  # "process"
+    id: str
+    detail: str
+    process: LocalProcess | None = None
+
+
+def known_instance_ids(outputs: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Every instance id the stacks' `proxies` outputs name."""
+    found: set[str] = set()
+    for stack in outputs:
+        for item in (stack.get("proxies") or {}).values():
+            if isinstance(item, Mapping) and item.get("instanceId"):
+                found.add(str(item["instanceId"]))
+    return found
+
+
+def local_orphans(
+    processes: Iterable[LocalProcess], *, state_dirs: Mapping[str, Path], known: set[str]
+) -> list[Orphan]:
+    """Processes under one of `state_dirs` (entry name -> folder) whose instance id no stack holds."""
+    orphans = []
+    for process in processes:
+        entry = next((name for name, d in state_dirs.items() if process.config.is_relative_to(d)), None)
+        if entry is not None and process.instance_id not in known:
+            detail = f"pid {process.pid}, config {process.config}"
+            orphans.append(Orphan(entry, "process", process.instance_id, detail, process))
+    return orphans
+
+
+def forward_proxy_processes(proc: Path = Path("/proc")) -> list[LocalProcess]:
+    """Our forward-proxy processes on this machine, from /proc (pid, start time, config file)."""
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            args = [a.decode(errors="replace") for a in argv if a]
+            if FORWARD_PROXY_MODULE in args and args[-1] != FORWARD_PROXY_MODULE:
+                started = _start_time(entry / "stat")
+                if started is not None:
+                    found.append(LocalProcess(int(entry.name), started, Path(args[-1]).resolve()))
+    return found
+
+
+def stop_local(orphan: Orphan) -> bool:
+    """SIGTERM the orphan's process, only if its pid still belongs to the same process (start time)."""
+    process = orphan.process
+    if process is None or _start_time(Path(f"/proc/{process.pid}/stat")) != process.start_time:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(process.pid, signal.SIGTERM)
+    return True
+
+
+def _start_time(stat: Path) -> int | None:
+    try:
+        text = stat.read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    return int(fields[19]) if fields[0] != "Z" else None
