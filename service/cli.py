@@ -10,6 +10,8 @@ import typer
 
 from service.cli_settings import command_settings, setup_errors
 from service.cli_stacks import preview_command, stacks_app
+from service.kube.client import in_cluster
+from service.kube.settings import KubeSettings
 from service.logging_setup import configure_logging
 from service.runner import apply_once
 from service.serve import build_service, token_hint
@@ -78,7 +80,24 @@ def up(
 
 @app.command()
 def serve(
-    manifests: Manifests,
+    manifests: Annotated[
+        Path | None,
+        typer.Option(
+            "--manifests",
+            exists=True,
+            file_okay=False,
+            help="Folder mode: a folder of Proxy manifests and one catalogue. Always wins over the cluster.",
+        ),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None,
+        typer.Option(
+            "--kubeconfig",
+            exists=True,
+            dir_okay=False,
+            help="In-cluster mode against this cluster (in a pod: its ServiceAccount, no option).",
+        ),
+    ] = None,
     state_dir: StateDir = None,
     host: str | None = typer.Option(None, "--host", help="Address the API listens on. [default: 127.0.0.1]"),
     port: int | None = typer.Option(
@@ -86,14 +105,35 @@ def serve(
     ),
     json_logs: bool = typer.Option(False, "--json-logs", help="One JSON object per log line."),
 ) -> None:
-    """Reconcile the manifests and keep watching them; health-check the proxies; serve the API."""
+    """Reconcile Proxies and keep watching them; health-check the proxies; serve the API.
+
+    The mode: `--manifests` (a folder) always wins; else `--kubeconfig`, or a pod's ServiceAccount, picks
+    the in-cluster mode (Proxy objects, leader election, status and events in the cluster)."""
     configure_logging(as_json=json_logs)
     settings = command_settings(state_dir=state_dir, listen_host=host, listen_port=port)
     with setup_errors():
-        service = build_service(settings, manifests)
+        kube = pick_mode(manifests, kubeconfig)
+        service = build_service(settings, manifests, kube=kube)
     url = f"http://{settings.listen_host}:{service.port}"
-    typer.echo(f"serving on {url} (token: {token_hint(settings)}); Ctrl-C stops cleanly")
+    mode = f"folder {manifests}" if manifests is not None else "in-cluster"
+    typer.echo(f"serving on {url} ({mode}; token: {token_hint(settings)}); Ctrl-C stops cleanly")
     asyncio.run(serve_forever(service))
+
+
+def pick_mode(manifests: Path | None, kubeconfig: Path | None) -> KubeSettings | None:
+    """None: the folder mode. Else the in-cluster settings (PROXY_OPERATOR_KUBE_*, `--kubeconfig` wins)."""
+    if manifests is not None:
+        return None
+    kube = KubeSettings()
+    if kubeconfig is not None:
+        return kube.model_copy(update={"kubeconfig": kubeconfig})
+    if kube.kubeconfig is None and not in_cluster():
+        raise typer.BadParameter(
+            "give --manifests FOLDER (folder mode), or --kubeconfig FILE (in-cluster mode against that "
+            "cluster); in a pod the in-cluster mode needs neither",
+            param_hint="--manifests / --kubeconfig",
+        )
+    return kube
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ from pydantic_core import ErrorDetails
 
 from automation.engine.config import PulumiNotFoundError
 from service.config import OperatorSettings
+from service.kube.client import KubeClientError
+from service.kube.settings import KubeSettings
 from service.serve import ListenError
 from service.settings import DiscoverySettings, HealthSettings
 
@@ -24,7 +26,7 @@ from service.settings import DiscoverySettings, HealthSettings
 OPTIONS = {"state_dir": "--state-dir", "listen_host": "--host", "listen_port": "--port"}
 _ENV_PREFIX = {
     model.__name__: str(model.model_config.get("env_prefix", ""))
-    for model in (OperatorSettings, DiscoverySettings, HealthSettings)
+    for model in (OperatorSettings, DiscoverySettings, HealthSettings, KubeSettings)
 }
 USAGE_ERROR = 2
 
@@ -50,6 +52,9 @@ def setup_errors(*, given: Collection[str] = ()) -> Iterator[None]:
         raise typer.Exit(USAGE_ERROR) from None
     except ListenError as exc:
         typer.echo(f"error: --host/--port: {exc}", err=True)
+        raise typer.Exit(USAGE_ERROR) from None
+    except KubeClientError as exc:
+        typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(USAGE_ERROR) from None
 
 

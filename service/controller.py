@@ -44,12 +44,14 @@ class Controller:
         inventory: Inventory,
         status: StatusBoard | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        on_publish: Callable[[ProxyEndpoint], None] | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
         self.source = source
         self.inventory = inventory
         self.status = status or StatusBoard()
+        self._on_publish = on_publish  # in a cluster: the credentials Secret of each published proxy
         self.planner = Planner()
         self.reconciler = Reconciler(
             planner=self.planner,
@@ -262,7 +264,7 @@ class Controller:
             out = published.get(proxy.key)
             if out and out.get("host") and self.inventory.get(proxy.key) is None:
                 creds = credentials.get(proxy.key) or {}
-                self.inventory.upsert(_endpoint(proxy, stack=name, out=out, creds=creds))
+                self._publish(_endpoint(proxy, stack=name, out=out, creds=creds))
 
     # --- deletions --------------------------------------------------------------------------------------
 
@@ -333,13 +335,18 @@ class Controller:
                     out["port"],
                     extra={"fields": {"proxy": key, "stack": plan.name}},
                 )
-            self.inventory.upsert(
+            self._publish(
                 _endpoint(planned.proxy, stack=plan.name, out=out, creds=credentials.get(key) or {})
             )
         if result is not None and result.changed:
             log.info(
                 "stack %s applied: %s", plan.name, result.changes, extra={"fields": {"stack": plan.name}}
             )
+
+    def _publish(self, endpoint: ProxyEndpoint) -> None:
+        self.inventory.upsert(endpoint)
+        if self._on_publish is not None:
+            self._on_publish(endpoint)
 
     def stack_removed(self, name: str) -> None:
         for endpoint in self.inventory.endpoints():
@@ -463,6 +470,10 @@ class Controller:
         if error is None:
             if proxy.key not in self._source_holds:
                 self._unhold(proxy.key)
+            if _condition(self.status, proxy.key, ConditionType.STALLED) == "True":
+                self.status.set_condition(
+                    proxy.key, type_=ConditionType.STALLED, true=False, reason=Reason.INPUT_CHANGED
+                )
             return
         if self.planner.held_version(proxy.key) is not None:
             self._hold_or_fail(proxy.key, Hold(error.reason, error.message))
@@ -474,6 +485,10 @@ class Controller:
             reason=error.reason,
             message=error.message,
             warning=True,
+        )
+        # Its input is wrong: nothing retries until it changes (Stalled), and the reason says what to fix.
+        self.status.set_condition(
+            proxy.key, type_=ConditionType.STALLED, true=True, reason=error.reason, message=error.message
         )
 
     def _queue_state(self, state: StackQueueState) -> None:

@@ -30,7 +30,10 @@ from service.health.engine import HealthEngine, HealthTransition
 from service.health.metrics import HealthMetrics
 from service.health.probe import ProxyProber
 from service.health.thresholds import Thresholds
+from service.incluster import ClusterMode
 from service.inventory import Inventory
+from service.kube.client import api_client
+from service.kube.settings import KubeSettings
 from service.runner import build_controller
 from service.supervise import Supervised
 
@@ -41,7 +44,7 @@ ALL_SCOPES = ["lease", "report", "admin"]
 
 @dataclass
 class Service:
-    controller: Controller
+    controller: Controller | ClusterMode  # folder mode: the control loop; in a cluster: the elected one
     health: HealthEngine
     discovery: DiscoveryService
     server: uvicorn.Server
@@ -54,11 +57,18 @@ class Service:
         return int(self.listener.getsockname()[1])
 
 
-def build_service(settings: OperatorSettings, manifests: Path, *, port: int | None = None) -> Service:
-    """Every part, wired; the API's socket is bound here, so the probe URL names the port actually bound."""
+def build_service(
+    settings: OperatorSettings,
+    manifests: Path | None,
+    *,
+    port: int | None = None,
+    kube: KubeSettings | None = None,
+) -> Service:
+    """Every part, wired; the API's socket is bound here, so the probe URL names the port actually bound.
+    `manifests`: the folder mode; None: the in-cluster mode, configured by `kube`."""
     listener = bind_listener(settings.listen_host, settings.listen_port if port is None else port)
     try:
-        return _assemble(settings, manifests, listener)
+        return _assemble(settings, manifests, listener, kube=kube)
     except BaseException:
         listener.close()
         raise
@@ -80,7 +90,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.socket) -> Service:
+def _assemble(
+    settings: OperatorSettings, manifests: Path | None, listener: socket.socket, *, kube: KubeSettings | None
+) -> Service:
     inventory = Inventory()
     # The programs allow the probe's echo endpoint in every proxy's egress policy: they get the URL in use.
     probe_url = (
@@ -89,7 +101,14 @@ def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.sock
     settings = settings.model_copy(
         update={"health": settings.health.model_copy(update={"probe_url": probe_url})}
     )
-    controller = build_controller(settings, manifests, inventory=inventory)
+    controller: Controller | ClusterMode
+    if manifests is not None:
+        controller = build_controller(settings, manifests, inventory=inventory)
+    else:
+        kube = kube or KubeSettings()
+        controller = ClusterMode(
+            settings=settings, kube=kube, api=api_client(kube.kubeconfig), inventory=inventory
+        )
     registry = CollectorRegistry()
     listen_port = listener.getsockname()[1]
     health = HealthEngine(
@@ -116,6 +135,8 @@ def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.sock
         no_candidate_retry=settings.health.interval_seconds,
     )
     prober = Supervised("prober", health.run)
+    if isinstance(controller, ClusterMode):
+        controller.set_prober(prober.run)  # only the leader probes
     app = create_app(
         inventory=inventory,
         discovery=discovery,
@@ -147,7 +168,9 @@ def _assemble(settings: OperatorSettings, manifests: Path, listener: socket.sock
 async def serve(service: Service) -> None:
     stop = asyncio.Event()
     control = asyncio.create_task(service.controller.run(stop), name="controller")
-    prober = asyncio.create_task(service.prober.run(), name="prober")
+    prober = asyncio.create_task(
+        service.prober.run() if isinstance(service.controller, Controller) else stop.wait(), name="prober"
+    )
     try:
         await service.server.serve(sockets=[service.listener])
     finally:
@@ -198,14 +221,14 @@ def _probe_host(settings: OperatorSettings) -> str:
     return "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
 
 
-def _loop_check(controller: Controller) -> Callable[[], Awaitable[str | None]]:
+def _loop_check(controller: Controller | ClusterMode) -> Callable[[], Awaitable[str | None]]:
     async def check() -> str | None:
         return controller.loop_error
 
     return check
 
 
-def _health_to_status(controller: Controller) -> Callable[[HealthTransition], None]:
+def _health_to_status(controller: Controller | ClusterMode) -> Callable[[HealthTransition], None]:
     def sink(transition: HealthTransition) -> None:
         healthy = transition.current == "healthy"
         if not healthy:

@@ -125,6 +125,8 @@ class Watcher:
         response = call(self.api, "GET", self.path, query=query, timeout=(10, timeout + 30))
         self._response = response
         try:
+            if self._stop.is_set():  # stopped while the watch was being opened: stop() saw no response
+                return
             buffer = b""
             for chunk in response.response.stream(64 * 1024, decode_content=True):
                 if self._stop.is_set():

@@ -169,6 +169,19 @@ class KubernetesSource:
     def watch_errors(self) -> list[str]:
         return [f"{w.name}: {w.last_error}" for w in self.watchers if w.last_error]
 
+    def replay(self) -> None:
+        """Forget what was passed on: the next poll passes on everything again (the catalogue, every
+        Proxy, every deletion in progress) for a new control loop that knows nothing yet (a new term)."""
+        with self._lock:
+            self._dirty |= set(self._objects)
+            self._catalogue_dirty = True
+            self._relisted = True
+        self._catalogue = None
+        self._emitted.clear()
+        self._leaving.clear()
+        self._tracked.clear()
+        self._holds.clear()
+
     def set_writes(self, writes: bool) -> None:
         """Leading or not: a new leader adds the finalizers its predecessor may not have added yet."""
         with self._lock:
@@ -204,6 +217,8 @@ class KubernetesSource:
             change.requested |= {
                 key for key, proxy in self._emitted.items() if _secret_key(proxy) in secrets_dirty
             }
+        for key in dirty - set(change.held):
+            self._holds.pop(key, None)  # judged again and no longer held (resumed, fixed)
         for key, hold in change.held.items():
             self._holds[key] = hold
         for key in set(self._holds) - set(change.held) - dirty:

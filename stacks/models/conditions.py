@@ -35,6 +35,7 @@ class Reason:
     # progress
     PROVISIONED = "Provisioned"
     RECONCILED = "Reconciled"
+    INPUT_CHANGED = "InputChanged"  # Stalled=False: a refused input was changed, it is tried again
     DELETING = "Deleting"
     RELEASED = "Released"
     FORGOTTEN = "Forgotten"

@@ -161,7 +161,9 @@ def write_credentials(workdir: Path) -> tuple[str, Path, Path]:
     return token, private, public
 
 
-def start_apiserver(stack: ExitStack, apiserver: Path, *, workdir: Path, etcd_url: str) -> KubeApi:
+def start_apiserver(
+    stack: ExitStack, apiserver: Path, *, workdir: Path, etcd_url: str, children: list[Child] | None = None
+) -> KubeApi:
     token, sa_key, sa_pub = write_credentials(workdir)
     port, certs = free_port(), workdir / "certs"
     (workdir / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
@@ -172,6 +174,8 @@ def start_apiserver(stack: ExitStack, apiserver: Path, *, workdir: Path, etcd_ur
             "--service-cluster-ip-range=10.0.0.0/24", f"--audit-policy-file={workdir / 'audit-policy.yaml'}",
             f"--audit-log-path={workdir / 'audit.log'}"]  # fmt: skip
     child = start(stack, name="kube-apiserver", argv=argv, workdir=workdir)
+    if children is not None:
+        children.append(child)
     url, ca_file = f"https://127.0.0.1:{port}", certs / "apiserver.crt"
     # The self-signed serving certificate is written before the port opens; the file also holds its CA.
     wait_until(child, lambda: ca_file.exists() and answers(f"{url}/readyz", verify=tls(ca_file), token=token))
@@ -203,7 +207,27 @@ def write_kubeconfig(workdir: Path, *, url: str, ca_file: Path, token: str) -> P
 @contextmanager
 def running_apiserver(workdir: Path) -> Iterator[KubeApi]:
     """etcd + kube-apiserver on loopback for the body of the `with`; both stopped on leaving it."""
+    with restartable_apiserver(workdir) as (api, _):
+        yield api
+
+
+@contextmanager
+def restartable_apiserver(workdir: Path) -> Iterator[tuple[KubeApi, Callable[[], None]]]:
+    """As `running_apiserver`, with a `restart()` that stops kube-apiserver (SIGTERM) and starts it again
+    on the same port, certificates and etcd: what clients see when the control plane restarts."""
     etcd, apiserver = binaries()
     with ExitStack() as stack:
         etcd_url = start_etcd(stack, etcd, workdir)
-        yield start_apiserver(stack, apiserver, workdir=workdir, etcd_url=etcd_url)
+        children: list[Child] = []
+        api = start_apiserver(stack, apiserver, workdir=workdir, etcd_url=etcd_url, children=children)
+
+        def restart() -> None:
+            old = children.pop()
+            old.stop()
+            argv = [str(arg) for arg in old.process.args]  # type: ignore[union-attr]
+            child = start(stack, name="kube-apiserver", argv=argv, workdir=workdir)
+            children.append(child)
+            verify = tls(api.ca_file)
+            wait_until(child, lambda: answers(f"{api.url}/readyz", verify=verify, token=api.token))
+
+        yield api, restart

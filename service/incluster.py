@@ -1,0 +1,253 @@
+"""The in-cluster mode: Proxy objects in, leader election, status and events back to the cluster.
+
+Every replica watches (the Kubernetes source, the credentials Secrets) and serves discovery. The replica
+that holds the Lease also reconciles and probes: each term of leadership gets a fresh `Controller` on the
+shared source, board and inventory; losing the Lease stops that term cleanly (the queue closes, running
+`pulumi` children get SIGINT) before the renew deadline runs out. A follower's inventory comes from the
+cluster: each Proxy's `status.address` and `Healthy` condition, and the credentials Secret the leader
+writes for it. Status and Events are written from the board, only by the leader (only its board changes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from kubernetes.client import ApiClient
+from pydantic import ValidationError
+
+from automation.deletion_budget import DeletionBudget, HeldDeletion
+from automation.engine import Engine
+from service.config import OperatorSettings
+from service.controller import Controller
+from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
+from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter
+from service.kube.events import EventRecorder
+from service.kube.holder import lease_holder_gone
+from service.kube.leader import LeaderElector
+from service.kube.refs import ProxyRef
+from service.kube.settings import KubeSettings
+from service.kube.status_writer import StatusWriter
+from service.sources.kubernetes import KubernetesSource
+from service.status import Event, StatusBoard
+from stacks.models import Proxy
+from stacks.models.conditions import ConditionType
+
+log = logging.getLogger(__name__)
+
+SYNC_TIMEOUT = 60.0  # the first list of every watched kind; then the service runs and says what is missing
+
+
+class ClusterMode:
+    """What `serve` runs in a cluster: the same face as a `Controller` to the API and the health sink."""
+
+    def __init__(
+        self,
+        *,
+        settings: OperatorSettings,
+        kube: KubeSettings,
+        api: ApiClient,
+        inventory: Inventory,
+    ) -> None:
+        self.settings, self.kube, self.api, self.inventory = settings, kube, api, inventory
+        config = dataclasses.replace(
+            settings.engine_config(),
+            hostname=kube.identity,  # stack locks name the replica, so another can tell it is gone
+            foreign_lock_gone=functools.partial(lease_holder_gone, api, kube),
+        )
+        self.engine = Engine(config)
+        self.status = StatusBoard()
+        self.source = KubernetesSource(api, kube, writes=False)
+        self.credentials = CredentialsReader(api, kube.namespaces)
+        self.credentials_writer = CredentialsWriter(api)
+        self.status_writer = StatusWriter(api, self.status, self.ref)
+        self.events = EventRecorder(api, self.ref, instance=kube.identity)
+        self.status.subscribe_events(self._event)
+        self.elector = LeaderElector(api, kube, on_started=self._lead, on_stopped=self._follow)
+        self.controller: Controller | None = None
+        self.terms = 0
+        self._prober: Callable[[], Coroutine[Any, Any, None]] | None = None
+        self._term_stop: asyncio.Event | None = None
+        self._term: asyncio.Task[None] | None = None
+        self._probing: asyncio.Task[None] | None = None
+        self._started = False
+        self._budget = DeletionBudget(
+            max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
+        )
+
+    # --- the face the API and the health sink use ------------------------------------------------------
+
+    @property
+    def loop_error(self) -> str | None:
+        errors = self.source.watch_errors()
+        if errors:
+            return "watching the cluster fails: " + "; ".join(errors)
+        if self.controller is not None:
+            return self.controller.loop_error
+        return None
+
+    @property
+    def held_deletion(self) -> HeldDeletion | None:
+        return self.controller.held_deletion if self.controller is not None else None
+
+    @property
+    def budget(self) -> DeletionBudget:
+        return self.controller.budget if self.controller is not None else self._budget
+
+    def allow_deletions(self, change_id: str) -> bool:
+        return self.controller.allow_deletions(change_id) if self.controller is not None else False
+
+    def request_repair(self, key: str) -> bool:
+        return self.controller.request_repair(key) if self.controller is not None else False
+
+    @property
+    def leading(self) -> bool:
+        return self.elector.is_leader
+
+    def ref(self, key: str) -> ProxyRef | None:
+        obj = self.source.object(key)
+        if obj is None:
+            return None
+        return ProxyRef(namespace=obj.namespace, name=obj.name, uid=obj.uid, generation=obj.generation)
+
+    def set_prober(self, prober: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """The health engine's run: started with each term, stopped with it."""
+        self._prober = prober
+
+    # --- running ----------------------------------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Watch, elect, and (as a follower) keep the inventory from the cluster, until `stop`."""
+        self.source.start()
+        self.credentials.start()
+        self.status_writer.start()
+        self.events.start()
+        self._started = True
+        synced = await asyncio.to_thread(self.source.wait_synced, SYNC_TIMEOUT)
+        if not synced:
+            log.error("the first list of Proxies did not finish: %s", "; ".join(self.source.watch_errors()))
+        election = asyncio.create_task(self.elector.run(stop), name="leader-election")
+        try:
+            while not stop.is_set():
+                if not self.leading:
+                    self.follow_inventory()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.settings.poll_seconds)
+        finally:
+            await election  # steps down (the term closes) and releases the Lease
+
+    async def close(self) -> None:
+        await self._follow()
+        if self._started:
+            await asyncio.to_thread(self._stop_threads)
+
+    def _stop_threads(self) -> None:
+        self.source.stop()
+        self.credentials.stop()
+        self.status_writer.close()
+        self.events.close()
+
+    async def _lead(self) -> None:
+        """A new term: finalizers and status are ours to write; a fresh controller starts (its first pass
+        reads the backend before it plans anything)."""
+        self.terms += 1
+        log.info("leading (term %d): reconciling and probing", self.terms)
+        self.source.set_writes(True)
+        self.source.replay()  # the new term's controller learns everything from the start
+        self.controller = Controller(
+            settings=self.settings,
+            engine=self.engine,
+            source=self.source,
+            inventory=self.inventory,
+            status=self.status,
+            on_publish=self._publish_credentials,
+        )
+        self._term_stop = asyncio.Event()
+        self._term = asyncio.create_task(self.controller.run(self._term_stop), name=f"term-{self.terms}")
+        if self._prober is not None:
+            self._probing = asyncio.create_task(self._prober(), name="prober")
+
+    async def _follow(self) -> None:
+        """The term ends: stop probing, stop the loop, interrupt running operations, stop writing."""
+        self.source.set_writes(False)
+        if self._probing is not None:
+            self._probing.cancel()
+            await asyncio.gather(self._probing, return_exceptions=True)
+            self._probing = None
+        if self._term_stop is not None and self._term is not None and self.controller is not None:
+            self._term_stop.set()
+            await asyncio.gather(self._term, return_exceptions=True)
+            await self.controller.close(grace=min(30.0, self.kube.renew_deadline_seconds))
+            log.info("term %d ended", self.terms)
+        self._term = self._term_stop = None
+        self.controller = None
+
+    # --- what the leader publishes, what followers read ------------------------------------------------
+
+    def _event(self, event: Event) -> None:
+        if self.leading:
+            self.events.record(event)
+
+    def _publish_credentials(self, endpoint: ProxyEndpoint) -> None:
+        ref = self.ref(endpoint.key)
+        if ref is None or endpoint.port is None or not endpoint.host:
+            return
+        credentials = Credentials(
+            host=endpoint.host,
+            port=endpoint.port,
+            protocol=endpoint.protocol,
+            username=endpoint.username,
+            password=endpoint.password,
+        )
+        try:
+            self.credentials_writer.write(ref, credentials)
+        except Exception as exc:  # the next publish writes it; discovery on the leader has it already
+            log.warning("cannot write the credentials Secret of %s: %s", endpoint.key, exc)
+
+    def follow_inventory(self) -> None:
+        """A follower serves what the leader wrote: addresses and health from status, credentials from
+        the Secrets."""
+        endpoints: list[ProxyEndpoint] = []
+        healthy: dict[str, bool] = {}
+        for obj in self.source.objects():
+            status: dict[str, Any] = obj.status
+            address = status.get("address") or {}
+            if obj.deleting or not address.get("host"):
+                continue
+            try:
+                proxy = Proxy.model_validate(obj.body)
+            except ValidationError:
+                continue
+            creds = self.credentials.credentials(obj.key) or {}
+            endpoints.append(
+                ProxyEndpoint(
+                    key=obj.key,
+                    namespace=obj.namespace,
+                    name=obj.name,
+                    provider=proxy.spec.provider,
+                    pool=proxy.spec.pool,
+                    labels=dict(proxy.metadata.labels),
+                    protocol=str(creds.get("protocol") or proxy.spec.protocol),
+                    host=str(address["host"]),
+                    port=int(address["port"]),
+                    username=creds.get("username"),
+                    password=creds.get("password"),
+                    stack=status.get("stack"),
+                )
+            )
+            conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+            healthy[obj.key] = conditions.get(ConditionType.HEALTHY) == "True"
+        current = {e.key: e for e in self.inventory.endpoints()}
+        if current != {e.key: e for e in endpoints}:
+            self.inventory.replace_all(endpoints)
+        for key, ok in healthy.items():
+            state = HealthState.healthy if ok else HealthState.unhealthy
+            if self.inventory.health(key).state is not state:
+                self.inventory.set_health(key, Health(state=state))
+        if self.source.synced():
+            self.inventory.mark_loaded()
