@@ -48,7 +48,9 @@ def _one(board: StatusBoard, key: str, *, events: int) -> ProxyStatusOut:
     recent = board.events(key)[-events:]
     return ProxyStatusOut(
         key=key,
-        status=board.get(key).model_dump(mode="json", by_alias=True, exclude_none=True),
+        status=(board.published(key) or board.get(key)).model_dump(
+            mode="json", by_alias=True, exclude_none=True
+        ),
         events=[EventOut(reason=e.reason, message=e.message, warning=e.warning, at=e.at) for e in recent],
     )
 
