@@ -108,7 +108,7 @@ class DemandScaling(WireModel):
     window: Duration = Field(default="1m", description="Unmet lease requests are counted over this window.")
     unmet_requests: int = Field(default=5, ge=1, description="This many 503s in the window add one child.")
     idle_window: Duration = Field(default="10m", description="Children not leased for this long are idle.")
-    idle_share: float = Field(default=0.5, gt=0, le=1, description="This share idle removes one child.")
+    idle_share: float = Field(default=0.5, ge=0.01, le=1, description="This share idle removes one child.")
 
 
 class ProxyPoolSpec(WireModel):
