@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from service.cli_orphans import orphans
 from service.cli_settings import command_settings, setup_errors
 from service.cli_stacks import preview_command, stacks_app
 from service.kube.client import in_cluster
@@ -41,6 +42,7 @@ StateDir = Annotated[
 
 app.add_typer(stacks_app, name="stacks")
 app.command("preview")(preview_command)
+app.command("orphans")(orphans)
 
 
 @app.command()

@@ -34,6 +34,7 @@ from service.incluster import ClusterMode
 from service.inventory import Inventory
 from service.kube.client import api_client
 from service.kube.settings import KubeSettings
+from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
 
@@ -134,6 +135,7 @@ def _assemble(
         on_error_report=lambda key: _spawn(health.record_failure(key)),
         no_candidate_retry=settings.health.interval_seconds,
     )
+    attach_discovery(controller.source, discovery)  # pools count hand-outs, 503s and ban reports
     prober = Supervised("prober", health.run)
     if isinstance(controller, ClusterMode):
         controller.set_prober(prober.run)  # only the leader probes
