@@ -83,6 +83,11 @@ class Controller:
         self._forced = 0  # requested runs so far: part of their stacks' hints, so each one is a new input
         self.loop_error: str | None = None  # the last pass's failure, None while the loop is well
 
+    @property
+    def backend_seen(self) -> bool:
+        """The backend's stacks were read: what runs is known (nothing is planned before)."""
+        return self._backend_seen
+
     # --- driving ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:

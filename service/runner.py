@@ -63,7 +63,7 @@ def build_controller(
         source=source,
         inventory=inventory if inventory is not None else Inventory(),
     )
-    source.ready = lambda: controller.started  # pools decide once the backend's stacks were read
+    source.ready = lambda: controller.backend_seen  # pools decide once the backend's stacks were read
     return controller
 
 
