@@ -99,8 +99,7 @@ def test_namespaced_objects_live_in_a_namespace_that_is_created() -> None:
 
 
 def test_the_crd_serves_proxies_with_a_status_subresource() -> None:
-    crd = one("CustomResourceDefinition")
-    assert crd["metadata"]["name"] == "proxies.crawl.example.com"
+    crd = one("CustomResourceDefinition", "proxies.crawl.example.com")
     versions = {v["name"]: v for v in crd["spec"]["versions"]}
     assert versions["v1alpha1"]["subresources"]["status"] == {}
 
@@ -179,22 +178,40 @@ def test_the_catalogue_config_map_is_read_through_the_api_not_mounted() -> None:
     assert not [v for v in pod_spec()["volumes"] if "configMap" in v]
 
 
-def test_watched_namespaces_have_the_credentials_role() -> None:
+def granted_in(namespace: str) -> list[dict[str, Any]]:
+    """The rules the pod's ServiceAccount holds in `namespace`: its RoleBindings there (to a Role or a
+    ClusterRole) and its ClusterRoleBindings."""
+    account = one("ServiceAccount")["metadata"]
+    subject = {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    bindings = [b for b in objects("RoleBinding") if b["metadata"]["namespace"] == namespace]
+    bindings += objects("ClusterRoleBinding")
+    rules: list[dict[str, Any]] = []
+    for binding in bindings:
+        if subject not in binding["subjects"]:
+            continue
+        ref = binding["roleRef"]
+        for role in objects(ref["kind"]):
+            if role["metadata"]["name"] == ref["name"] and (
+                ref["kind"] == "ClusterRole" or role["metadata"]["namespace"] == namespace
+            ):
+                rules += role["rules"]
+    return rules
+
+
+def test_the_service_may_watch_what_the_in_cluster_mode_watches() -> None:
+    # service/sources/kubernetes.py: Proxies and labelled Secrets in each watched namespace, and Secrets and
+    # the catalogue ConfigMap in the service's own namespace (seen refused as 403 in the image's run).
     env = {e["name"]: e.get("value") for e in container()["env"]}
     namespaces = yaml.safe_load(env["PROXY_OPERATOR_KUBE_NAMESPACES"])
     assert namespaces, "an empty list watches every namespace and needs Secret list/watch cluster-wide"
-    roles = {(r["metadata"]["namespace"], r["metadata"]["name"]): r["rules"] for r in objects("Role")}
     for namespace in namespaces:
-        assert {"list", "watch"} <= granted(roles[(namespace, "proxy-operator-credentials")], "", "secrets")
-
-
-def test_the_passphrase_comes_from_a_mounted_secret() -> None:
-    env = {e["name"]: e for e in container()["env"]}
-    path = Path(env["PROXY_OPERATOR_PASSPHRASE_FILE"]["value"])
-    mount = next(m for m in container()["volumeMounts"] if m["mountPath"] == str(path.parent))
-    volume = next(v for v in pod_spec()["volumes"] if v["name"] == mount["name"])
-    assert path.name in {item["path"] for item in volume["secret"]["items"]}
-    assert env["PULUMI_BACKEND_URL"]["valueFrom"]["secretKeyRef"]["name"] == volume["secret"]["secretName"]
+        rules = granted_in(namespace)
+        assert {"list", "watch"} <= granted(rules, "crawl.example.com", "proxies"), namespace
+        assert {"list", "watch"} <= granted(rules, "", "secrets"), namespace
+    own = granted_in(one("Deployment")["metadata"]["namespace"])
+    assert {"list", "watch"} <= granted(own, "", "secrets")
+    assert {"list", "watch"} <= granted(own, "", "configmaps")
+    assert {"get", "create", "update"} <= granted(own, "coordination.k8s.io", "leases")
 
 
 def test_every_operator_variable_is_a_real_setting() -> None:
