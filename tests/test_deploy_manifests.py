@@ -259,13 +259,37 @@ def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
 
 
 def test_the_cluster_role_grants_what_the_kubernetes_source_needs() -> None:
+    """Exactly what tests/kube/test_rbac_audit.py saw the service use (the audit log proves it there)."""
     rules = one("ClusterRole")["rules"]
-    assert {"get", "list", "watch", "update", "patch"} <= granted(rules, "crawl.example.com", "proxies")
+    assert granted(rules, "crawl.example.com", "proxies") == {"get", "list", "watch", "patch"}
     assert granted(rules, "crawl.example.com", "proxies/status") == {"get", "patch"}
-    assert "update" in granted(rules, "crawl.example.com", "proxies/finalizers")
-    assert {"create", "patch"} <= granted(rules, "", "events")
-    assert granted(rules, "", "secrets") == {"get"}
-    assert {"get", "list", "watch"} <= granted(rules, "", "configmaps")
+    assert not granted(rules, "crawl.example.com", "proxies/finalizers")  # blockOwnerDeletion is false
+    assert granted(rules, "", "events") == {"create", "patch"}
+    assert not granted(rules, "", "secrets")
+    assert not granted(rules, "", "configmaps")
+
+
+def test_nothing_is_bound_cluster_wide() -> None:
+    """The ClusterRole is bound per namespace holding Proxies (RoleBinding), as the credentials Role is."""
+    assert not objects("ClusterRoleBinding")
+    env = {e["name"]: e.get("value") for e in container()["env"]}
+    for namespace in yaml.safe_load(env["PROXY_OPERATOR_KUBE_NAMESPACES"]):
+        refs = {
+            (b["roleRef"]["kind"], b["roleRef"]["name"])
+            for b in objects("RoleBinding")
+            if b["metadata"]["namespace"] == namespace
+        }
+        assert ("ClusterRole", "proxy-operator") in refs, namespace
+
+
+def test_the_service_namespace_role_reads_only_the_catalogue_config_map() -> None:
+    own = one("ServiceAccount")["metadata"]["namespace"]
+    role = one("Role", "proxy-operator-config")
+    assert role["metadata"]["namespace"] == own
+    env = {e["name"]: e.get("value") for e in container()["env"]}
+    configmaps = [r for r in role["rules"] if "configmaps" in r["resources"]]
+    assert [r["resourceNames"] for r in configmaps] == [[env["PROXY_OPERATOR_KUBE_CATALOGUE_CONFIGMAP"]]]
+    assert granted(role["rules"], "", "secrets") == {"list", "watch"}  # labelled; no get
 
 
 def test_leader_election_is_granted_in_the_service_namespace_only() -> None:

@@ -71,24 +71,32 @@ class Replica:
 
 @dataclass
 class ClusterFleet:
-    """One namespace holding the Proxies, the catalogue ConfigMap and the Lease of a test."""
+    """One namespace holding the Proxies, the catalogue ConfigMap and the Lease of a test.
+
+    `service_namespace` puts the catalogue ConfigMap and the Lease in a namespace of their own (the
+    service's, as deploy/ has it); `api` is the test's (admin) client, `kubeconfig` the one the replicas use.
+    Both namespaces may exist already (fixed names), and so may the catalogue (replaced)."""
 
     api: ApiClient
     kubeconfig: Path
     root: Path
     backend_url: str
     namespace: str = field(default_factory=lambda: f"e2e-{uuid.uuid4().hex[:8]}")
+    service_namespace: str | None = None
     replicas: list[Replica] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.local_state = self.root / "local-proxies"
-        request_json(self.api, "POST", "/api/v1/namespaces", body={"metadata": {"name": self.namespace}})
-        request_json(
-            self.api,
-            "POST",
-            f"/api/v1/namespaces/{self.namespace}/configmaps",
-            body={"metadata": {"name": "proxy-operator-providers"}, "data": self._catalogue(["local"])},
-        )
+        for name in dict.fromkeys([self.namespace, self.own_namespace]):
+            _create(self.api, "/api/v1/namespaces", {"metadata": {"name": name}})
+        catalogue = {"metadata": {"name": "proxy-operator-providers"}, "data": self._catalogue(["local"])}
+        if not _create(self.api, f"/api/v1/namespaces/{self.own_namespace}/configmaps", catalogue):
+            self.set_catalogue(["local"])
+
+    @property
+    def own_namespace(self) -> str:
+        """The service's namespace: the catalogue ConfigMap and the Lease."""
+        return self.service_namespace or self.namespace
 
     # --- the cluster's side -----------------------------------------------------------------------------
 
@@ -98,7 +106,7 @@ class ClusterFleet:
 
     def set_catalogue(self, names: list[str]) -> None:
         self.merge(
-            f"/api/v1/namespaces/{self.namespace}/configmaps/proxy-operator-providers",
+            f"/api/v1/namespaces/{self.own_namespace}/configmaps/proxy-operator-providers",
             {"data": self._catalogue(names)},
         )
 
@@ -157,7 +165,7 @@ class ClusterFleet:
         values: dict[str, Any] = {
             "kubeconfig": self.kubeconfig,
             "namespaces": [self.namespace],
-            "namespace": self.namespace,
+            "namespace": self.own_namespace,
             "identity": identity,
             "lease_duration_seconds": 4.0,
             "renew_deadline_seconds": 3.0,
@@ -188,6 +196,17 @@ class ClusterFleet:
         for pid in (int(p) for p in out.stdout.split()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _create(api: ApiClient, path: str, body: dict[str, Any]) -> bool:
+    """POST `body`; False when the object exists already."""
+    try:
+        request_json(api, "POST", path, body=body)
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise
+    return True
 
 
 async def until(
