@@ -35,7 +35,7 @@ from service.kube.settings import KubeSettings
 from service.kube.status_writer import StatusWriter
 from service.sources.kubernetes import KubernetesSource
 from service.status import Event, StatusBoard
-from stacks.models import Proxy
+from stacks.models import Condition, Proxy
 from stacks.models.conditions import ConditionType
 
 log = logging.getLogger(__name__)
@@ -159,6 +159,7 @@ class ClusterMode:
         log.info("leading (term %d): reconciling and probing", self.terms)
         self.source.set_writes(True)
         self.source.replay()  # the new term's controller learns everything from the start
+        self._seed_health()
         self.controller = Controller(
             settings=self.settings,
             engine=self.engine,
@@ -171,6 +172,18 @@ class ClusterMode:
         self._term = asyncio.create_task(self.controller.run(self._term_stop), name=f"term-{self.terms}")
         if self._prober is not None:
             self._probing = asyncio.create_task(self._prober(), name="prober")
+
+    def _seed_health(self) -> None:
+        """What the previous leader's probes concluded stays until this leader's probes say otherwise: the
+        inventory already holds it (as a follower), so a probe that agrees is no transition, and the status
+        must not lose it."""
+        for obj in self.source.objects():
+            for raw in obj.status.get("conditions") or []:
+                if raw.get("type") == ConditionType.HEALTHY:
+                    with contextlib.suppress(ValidationError):
+                        self.status.seed_condition(obj.key, Condition.model_validate(raw))
+            if obj.status.get("egressIP"):
+                self.status.set_egress(obj.key, str(obj.status["egressIP"]))
 
     async def _follow(self) -> None:
         """The term ends: stop probing, stop the loop, interrupt running operations, stop writing."""

@@ -123,6 +123,16 @@ class StatusBoard:
         self.event(key, reason=reason, message=message or f"{type_}={wanted}", warning=warning)
         return True
 
+    def seed_condition(self, key: str, condition: Condition) -> None:
+        """Take a condition as another writer left it (a previous leader), transition time kept, no event:
+        a new leader continues from the cluster's status instead of overwriting it."""
+
+        def seed(status: ProxyStatus) -> None:
+            status.conditions = [c for c in status.conditions if c.type != condition.type]
+            status.conditions.append(condition.model_copy())
+
+        self._update(key, seed, create=True)
+
     def set_applied(
         self, key: str, *, stack: str, spec_hash: str, address: Address | None, generation: int | None = None
     ) -> None:

@@ -343,6 +343,7 @@ def test_operations_doc_lists_every_setting() -> None:
         if name in ("discovery", "health"):
             continue  # nested trees: their fields are listed below
         assert f"`PROXY_OPERATOR_{name.upper()}`" in text, name
-    for prefix, model in (("DISCOVERY_", DiscoverySettings), ("HEALTH_", HealthSettings)):
+    nested = (("DISCOVERY_", DiscoverySettings), ("HEALTH_", HealthSettings), ("KUBE_", KubeSettings))
+    for prefix, model in nested:
         for name in model.model_fields:
             assert f"`PROXY_OPERATOR_{prefix}{name.upper()}`" in text, name

@@ -176,6 +176,9 @@ def test_two_replicas_elect_one_leader_and_hand_over(fleet: ClusterFleet) -> Non
             fleet.create("p2", port=second)
             await until_ready(fleet, "p2", second, "p2 Ready under the new leader")
             assert b.mode.engine.up_count("local") >= 1
+            # The new leader continues from the cluster's status: p1 stays healthy (and leasable).
+            assert condition(fleet, "p1", "Healthy").get("status") == "True"
+            assert b.service.controller.inventory.health(f"{fleet.namespace}/p1").healthy
         finally:
             await fleet.stop_all()
 
