@@ -4,8 +4,9 @@ The deploy/ Namespace, ServiceAccount and RBAC are applied to the test apiserver
 service run as that ServiceAccount (a TokenRequest token, `serve --kubeconfig` as a process would) with the
 namespaces deploy/ assumes: the service's `proxy-operator` (catalogue ConfigMap, Lease) and the Proxies'
 `crawl`. They go through everything the service does in a cluster: Proxies created, Ready (finalizer,
-status, Events, credentials Secrets), an `auth.mode: secret` Proxy, a spec change that meets a stack lock
-left by a replica that is gone (recovered after reading its pod), deletion, and a leader handover.
+status, Events, credentials Secrets), an `auth.mode: secret` Proxy, an Event repeated (paused twice), a spec
+change that meets a stack lock left by a replica that is gone (recovered after reading its pod), deletion,
+and a leader handover.
 
 Then every request of the ServiceAccount is read back from the audit log: none may be forbidden, and every
 verb the Roles grant must have been used, except the explicit allowlist below (granted, not exercised here,
@@ -27,7 +28,7 @@ from kubernetes.client import ApiClient
 from kubernetes.dynamic import DynamicClient
 
 from service.kube.client import ApiException, request_json
-from service.sources.kubernetes import CREDENTIALS_LABEL, FINALIZER
+from service.sources.kubernetes import CREDENTIALS_LABEL, FINALIZER, PAUSED
 from tests.automation.fleet import free_port
 from tests.conftest import PulumiEnv
 from tests.kube.apiserver import ROOT, KubeApi, write_kubeconfig
@@ -130,6 +131,20 @@ async def until_ready(fleet: ClusterFleet, name: str, port: int) -> None:
     )
 
 
+def held_paused(fleet: ClusterFleet, name: str) -> bool:
+    conditions = ((fleet.get(name) or {}).get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Held" and c["status"] == "True" and c["reason"] == "Paused" for c in conditions)
+
+
+async def pause_with_a_change(fleet: ClusterFleet, name: str, port: int) -> None:
+    fleet.edit(name, {"metadata": {"annotations": {PAUSED: "true"}}, "spec": {"port": port}})
+    await until(lambda: held_paused(fleet, name), what=f"{name} paused")
+
+
+def repeated_event(fleet: ClusterFleet, name: str) -> bool:
+    return any((e.get("count") or 1) > 1 for e in fleet.events(name))
+
+
 def user_secret(fleet: ClusterFleet, name: str) -> None:
     """A Secret an `auth.mode: secret` Proxy names, labelled so that the service watches it."""
     data = {
@@ -169,6 +184,14 @@ def test_deploy_rbac_is_enough_and_nothing_more(
             assert FINALIZER in fleet.get("p1")["metadata"]["finalizers"]  # type: ignore[index]
             await until(lambda: fleet.secret("p1-proxy-credentials"), what="p1's credentials Secret")
             await until(lambda: b.service.controller.inventory.get(f"{PROXIES}/p2"), what="b serves p2")
+
+            # Paused (with a change that waits), resumed, paused again: the same Event twice, patched into
+            # its count. p2 stays paused (its deletion proceeds all the same).
+            await pause_with_a_change(fleet, "p2", free_port())
+            fleet.edit("p2", {"metadata": {"annotations": {PAUSED: None}}})
+            await until(lambda: not held_paused(fleet, "p2"), what="p2 resumed")
+            await pause_with_a_change(fleet, "p2", free_port())
+            await until(lambda: repeated_event(fleet, "p2"), what="a repeated Event on p2")
 
             lock = plant_foreign_lock(pulumi_env.backend_dir, host="replica-gone")
             fleet.edit("p1", {"spec": {"port": moved}})
