@@ -262,5 +262,5 @@ class ClusterMode:
             state = HealthState.healthy if ok else HealthState.unhealthy
             if self.inventory.health(key).state is not state:
                 self.inventory.set_health(key, Health(state=state))
-        if self.source.synced():
+        if self.source.desired_state_synced():
             self.inventory.mark_loaded()

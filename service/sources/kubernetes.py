@@ -163,8 +163,14 @@ class KubernetesSource:
     def synced(self) -> bool:
         return all(w.synced.is_set() for w in self.watchers)
 
+    def desired_state_synced(self) -> bool:
+        """Proxies and the catalogue were listed. Secrets are not waited for: a Secret watch that fails
+        (RBAC) leaves the proxies that need one held (credentials missing), not the whole fleet."""
+        return all(w.synced.is_set() for w in self.watchers if not w.name.startswith("secrets"))
+
     def wait_synced(self, timeout: float) -> bool:
-        return all(w.synced.wait(timeout) for w in self.watchers)
+        """Wait for the first list of Proxies and the catalogue (see desired_state_synced)."""
+        return all(w.synced.wait(timeout) for w in self.watchers if not w.name.startswith("secrets"))
 
     def watch_errors(self) -> list[str]:
         return [f"{w.name}: {w.last_error}" for w in self.watchers if w.last_error]
@@ -197,7 +203,7 @@ class KubernetesSource:
 
     def poll(self) -> SourceChange:
         change = SourceChange()
-        if not self.synced():
+        if not self.desired_state_synced():
             change.complete = False
             return change
         with self._lock:
@@ -217,8 +223,12 @@ class KubernetesSource:
             change.requested |= {
                 key for key, proxy in self._emitted.items() if _secret_key(proxy) in secrets_dirty
             }
+        upserted = {proxy.key for proxy in change.upserts}
         for key in dirty - set(change.held):
-            self._holds.pop(key, None)  # judged again and no longer held (resumed, fixed)
+            # Judged again and no longer held (resumed, fixed): passed on again even if unchanged, so the
+            # control loop sees the hold end.
+            if self._holds.pop(key, None) is not None and key in self._emitted and key not in upserted:
+                change.upserts.append(self._emitted[key])
         for key, hold in change.held.items():
             self._holds[key] = hold
         for key in set(self._holds) - set(change.held) - dirty:

@@ -205,6 +205,24 @@ def test_paused_holds_changes_and_reconcile_requested_asks_a_run(kube_client, na
     assert change.upserts[0].spec.port == 18501
 
 
+def test_resuming_an_unchanged_proxy_ends_its_hold(kube_client, namespace, make_source) -> None:
+    """Paused and resumed with no spec change: the proxy is passed on again, so the loop sees the hold
+    end (found by the RBAC audit run: Held=Paused stayed after the annotation was removed)."""
+    source = make_source()
+    create(kube_client, proxy_doc(namespace, "p1"))
+    poll_until(source, lambda c: bool(c.upserts))
+    merge(kube_client, path(namespace, "p1"), {"metadata": {"annotations": {PAUSED: "true"}}})
+    poll_until(source, lambda c: f"{namespace}/p1" in c.held)
+    merge(kube_client, path(namespace, "p1"), {"metadata": {"annotations": {PAUSED: None}}})
+    deadline = time.monotonic() + 20
+    change = source.poll()
+    while not change.upserts and time.monotonic() < deadline:
+        time.sleep(0.05)
+        change = source.poll()
+    assert [p.key for p in change.upserts] == [f"{namespace}/p1"]
+    assert f"{namespace}/p1" not in change.held  # this very poll ends the hold
+
+
 def test_catalogue_edits_arrive_and_a_broken_one_keeps_the_last(kube_client, namespace, make_source) -> None:
     source = make_source()
     poll_until(source, lambda c: c.catalogue is not None)
