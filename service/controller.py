@@ -269,7 +269,7 @@ class Controller:
             out = published.get(proxy.key)
             if out and out.get("host") and self.inventory.get(proxy.key) is None:
                 creds = credentials.get(proxy.key) or {}
-                self._publish(_endpoint(proxy, stack=name, out=out, creds=creds))
+                self._publish(endpoint_of(proxy, stack=name, out=out, creds=creds))
 
     # --- deletions --------------------------------------------------------------------------------------
 
@@ -341,7 +341,7 @@ class Controller:
                     extra={"fields": {"proxy": key, "stack": plan.name}},
                 )
             self._publish(
-                _endpoint(planned.proxy, stack=plan.name, out=out, creds=credentials.get(key) or {})
+                endpoint_of(planned.proxy, stack=plan.name, out=out, creds=credentials.get(key) or {})
             )
         if result is not None and result.changed:
             log.info(
@@ -517,7 +517,11 @@ def _condition(status: StatusBoard, key: str, type_: str) -> str | None:
     return next((c.status for c in status.get(key).conditions if c.type == type_), None)
 
 
-def _endpoint(proxy: Proxy, *, stack: str, out: dict[str, Any], creds: dict[str, Any]) -> ProxyEndpoint:
+def endpoint_of(
+    proxy: Proxy, *, stack: str | None, out: dict[str, Any], creds: dict[str, Any]
+) -> ProxyEndpoint:
+    """The inventory's endpoint of a proxy from where it serves (`out`: host, port, protocol) and its
+    credentials."""
     return ProxyEndpoint(
         key=proxy.key,
         namespace=proxy.metadata.namespace,

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from automation.deletion_budget import DeletionBudget, HeldDeletion
 from automation.engine import Engine
 from service.config import OperatorSettings
-from service.controller import Controller
+from service.controller import Controller, endpoint_of
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter
 from service.kube.events import EventRecorder
@@ -237,22 +237,8 @@ class ClusterMode:
             except ValidationError:
                 continue
             creds = self.credentials.credentials(obj.key) or {}
-            endpoints.append(
-                ProxyEndpoint(
-                    key=obj.key,
-                    namespace=obj.namespace,
-                    name=obj.name,
-                    provider=proxy.spec.provider,
-                    pool=proxy.spec.pool,
-                    labels=dict(proxy.metadata.labels),
-                    protocol=str(creds.get("protocol") or proxy.spec.protocol),
-                    host=str(address["host"]),
-                    port=int(address["port"]),
-                    username=creds.get("username"),
-                    password=creds.get("password"),
-                    stack=status.get("stack"),
-                )
-            )
+            out = {**address, "protocol": creds.get("protocol")}
+            endpoints.append(endpoint_of(proxy, stack=status.get("stack"), out=out, creds=creds))
             conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
             healthy[obj.key] = conditions.get(ConditionType.HEALTHY) == "True"
         current = {e.key: e for e in self.inventory.endpoints()}

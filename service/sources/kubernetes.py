@@ -262,10 +262,8 @@ class KubernetesSource:
             return list(self._objects.values())
 
     def credentials_for(self, proxy: Proxy) -> dict[str, str] | None:
-        ref = proxy.spec.auth.secret_ref
-        if ref is None:
-            return None
-        return self._secrets.get(f"{ref.namespace or proxy.metadata.namespace}/{ref.name}")
+        ref = _secret_key(proxy)
+        return None if ref is None else self._secrets.get(ref)
 
     def secret_value(self, name: str, key: str) -> str | None:
         """A key of the Secret `name` in the service's namespace (where the catalogue names Secrets)."""
