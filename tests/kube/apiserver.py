@@ -11,6 +11,7 @@ raises `ApiServerUnavailable` saying what to do.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import secrets
 import shutil
 import signal
@@ -50,6 +51,7 @@ class KubeApi:
     ca_file: Path
     kubeconfig: Path
     audit_log: Path
+    etcd_url: str = ""  # etcd's client URL (a test may compact its history)
 
     def client(self) -> ApiClient:
         """A new `kubernetes` ApiClient from the kubeconfig (close it when done)."""
@@ -162,7 +164,13 @@ def write_credentials(workdir: Path) -> tuple[str, Path, Path]:
 
 
 def start_apiserver(
-    stack: ExitStack, apiserver: Path, *, workdir: Path, etcd_url: str, children: list[Child] | None = None
+    stack: ExitStack,
+    apiserver: Path,
+    *,
+    workdir: Path,
+    etcd_url: str,
+    children: list[Child] | None = None,
+    extra_args: tuple[str, ...] = (),
 ) -> KubeApi:
     token, sa_key, sa_pub = write_credentials(workdir)
     port, certs = free_port(), workdir / "certs"
@@ -172,7 +180,7 @@ def start_apiserver(
             f"--service-account-key-file={sa_pub}", f"--service-account-signing-key-file={sa_key}",
             "--authorization-mode=RBAC", f"--token-auth-file={workdir / 'tokens.csv'}",
             "--service-cluster-ip-range=10.0.0.0/24", f"--audit-policy-file={workdir / 'audit-policy.yaml'}",
-            f"--audit-log-path={workdir / 'audit.log'}"]  # fmt: skip
+            f"--audit-log-path={workdir / 'audit.log'}", *extra_args]  # fmt: skip
     child = start(stack, name="kube-apiserver", argv=argv, workdir=workdir)
     if children is not None:
         children.append(child)
@@ -205,21 +213,27 @@ def write_kubeconfig(workdir: Path, *, url: str, ca_file: Path, token: str) -> P
 
 
 @contextmanager
-def running_apiserver(workdir: Path) -> Iterator[KubeApi]:
-    """etcd + kube-apiserver on loopback for the body of the `with`; both stopped on leaving it."""
-    with restartable_apiserver(workdir) as (api, _):
+def running_apiserver(workdir: Path, *, extra_args: tuple[str, ...] = ()) -> Iterator[KubeApi]:
+    """etcd + kube-apiserver on loopback for the body of the `with`; both stopped on leaving it.
+    `extra_args`: more kube-apiserver flags (e.g. `--watch-cache=false`)."""
+    with restartable_apiserver(workdir, extra_args=extra_args) as (api, _):
         yield api
 
 
 @contextmanager
-def restartable_apiserver(workdir: Path) -> Iterator[tuple[KubeApi, Callable[[], None]]]:
+def restartable_apiserver(
+    workdir: Path, *, extra_args: tuple[str, ...] = ()
+) -> Iterator[tuple[KubeApi, Callable[[], None]]]:
     """As `running_apiserver`, with a `restart()` that stops kube-apiserver (SIGTERM) and starts it again
     on the same port, certificates and etcd: what clients see when the control plane restarts."""
     etcd, apiserver = binaries()
     with ExitStack() as stack:
         etcd_url = start_etcd(stack, etcd, workdir)
         children: list[Child] = []
-        api = start_apiserver(stack, apiserver, workdir=workdir, etcd_url=etcd_url, children=children)
+        api = start_apiserver(
+            stack, apiserver, workdir=workdir, etcd_url=etcd_url, children=children, extra_args=extra_args
+        )
+        api = dataclasses.replace(api, etcd_url=etcd_url)
 
         def restart() -> None:
             old = children.pop()
