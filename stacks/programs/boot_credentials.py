@@ -4,7 +4,8 @@ The setup script is rendered with placeholder credentials; `fetched_at_boot` put
 that sets `PROXY_USERNAME` and `PROXY_PASSWORD` (and refuses anything outside the safe character set), and
 makes the daemon's files take them from those variables. On GCP the fetch reads a Secret Manager version
 with the VM's own service-account token from the metadata server, as root, before the egress rules load
-(they bind the daemon's user only, which cannot reach the metadata server).
+(they bind the daemon's user only, which cannot reach the metadata server). On KVM the fetch reads a 0600
+file that the program wrote into the guest through the host's libvirt guest agent (`kvm_credentials`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,11 @@ def gcp_secret_fetch(version_name: str) -> str:
         f'"https://secretmanager.googleapis.com/v1/{version_name}:access" | {_PAYLOAD})\n'
         "unset TOKEN\n" + _split_credentials()
     )
+
+
+def file_fetch(path: str) -> str:
+    """Bash reading `user:password` from a root-only file inside the VM."""
+    return f"CREDS=$(cat {path})\n" + _split_credentials()
 
 
 def _split_credentials() -> str:

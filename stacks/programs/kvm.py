@@ -3,7 +3,9 @@
 Per host in use: a libvirt provider whose qemu+ssh URI names the mounted private key (`keyfile`) and
 known_hosts (`knownhosts`: the parameter the bundled terraform-provider-libvirt reads), and one cached base
 image volume per (host, pool). Per proxy: a copy-on-write volume backed by that image, a cloud-init disk that
-installs and configures the proxy, and the domain; the published address is the domain's DHCP lease.
+installs and configures the proxy, and the domain; the published address is the domain's DHCP lease. A
+proxy's credentials never enter the cloud-init disk: `kvm_credentials` writes them into the running guest
+over SSH and the guest agent, and the setup reads them there.
 
 The image cache rule: a base volume is never replaced or deleted while a proxy volume may back onto it.
 `ignore_changes=["source"]` keeps a new upstream image from replacing it, and `retain_on_delete` leaves it on
@@ -23,6 +25,7 @@ import pulumi
 import pulumi_libvirt as libvirt
 
 from stacks.models import KvmHost, KvmProvider
+from stacks.programs.boot_credentials import PLACEHOLDER, fetched_at_boot, file_fetch
 from stacks.programs.component import (
     InvalidInputError,
     ProgramProxy,
@@ -32,7 +35,20 @@ from stacks.programs.component import (
 )
 from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
 from stacks.programs.credentials import StableSuffix
-from stacks.programs.proxy_config import cloud_init_meta_data, cloud_init_user_data
+from stacks.programs.kvm_credentials import (
+    CREDENTIALS_PATH,
+    RECEIVER_PATH,
+    GuestCredentials,
+    receiver_script,
+)
+from stacks.programs.proxy_config import (
+    SETUP_PATH,
+    ProxySettings,
+    cloud_init_document,
+    cloud_init_meta_data,
+    cloud_init_user_data,
+    setup_script,
+)
 
 KEY_FILE = "id_ed25519"
 KNOWN_HOSTS_FILE = "known_hosts"
@@ -119,6 +135,32 @@ def _domain_description(ctx: ProxyContext, stack: str) -> str:
     return f"managed-by=proxy-operator proxy={ctx.proxy.key} stack={stack}"
 
 
+def _user_data(ctx: ProxyContext, *, hostname: str) -> pulumi.Output[str]:
+    """Without credentials, the setup as is; with them, the setup with placeholders reading the file that
+    `GuestCredentials` delivers, the receiver it runs, and the guest agent that runs it."""
+    if ctx.credentials is None:
+        return proxy_settings(ctx).apply(lambda s: cloud_init_user_data(s, hostname=hostname))
+    spec = ctx.proxy.spec
+    placeholder = ProxySettings(
+        port=spec.port,
+        protocol=spec.protocol.value,
+        allowed_source_ranges=tuple(spec.allowed_source_ranges),
+        egress=ctx.egress,
+        credentials=PLACEHOLDER,
+    )
+    files = {
+        SETUP_PATH: fetched_at_boot(setup_script(placeholder), file_fetch(CREDENTIALS_PATH)),
+        RECEIVER_PATH: receiver_script(SETUP_PATH),
+    }
+    document = cloud_init_document(
+        hostname=hostname,
+        files=files,
+        packages=("qemu-guest-agent",),
+        runcmd=[["systemctl", "start", "qemu-guest-agent"]],
+    )
+    return pulumi.Output.from_input(document)
+
+
 def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> ProxyEndpoint:
     spec, block = ctx.proxy.spec, ctx.proxy.spec.block_for("kvm")
     host = host_for(entry, ctx.proxy)
@@ -134,7 +176,7 @@ def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> Proxy
         format="qcow2",
         opts=opts,
     )
-    user_data = proxy_settings(ctx).apply(lambda s: cloud_init_user_data(s, hostname=name))
+    user_data = _user_data(ctx, hostname=name)
     # A new configuration is a new cloud-init instance (so cloud-init runs the setup again on the same
     # disk) and a new ISO name (so the replacement ISO never collides with the one in use).
     config_id = user_data.apply(lambda text: f"{name}-{short_hash(text)}")
@@ -163,7 +205,21 @@ def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> Proxy
         ),
     )
     address = domain.network_interfaces.apply(_lease_address)
-    return ProxyEndpoint(host=address, port=spec.port, protocol=spec.protocol.value, instance_id=domain.id)
+    instance_id: pulumi.Output[str] = domain.id
+    if ctx.credentials is not None:
+        delivered = GuestCredentials(
+            ctx.proxy.key,
+            host_uri=host.uri,
+            ssh_dir=hosts.settings.kvm_ssh_dir,
+            domain=domain.name,
+            domain_id=domain.id,
+            username=ctx.credentials.username,
+            password=ctx.credentials.password,
+            opts=pulumi.ResourceOptions(parent=ctx.component, depends_on=[domain]),
+        )
+        # Published once the guest holds its credentials.
+        instance_id = pulumi.Output.all(domain.id, delivered.id).apply(lambda ids: str(ids[0]))
+    return ProxyEndpoint(host=address, port=spec.port, protocol=spec.protocol.value, instance_id=instance_id)
 
 
 def build(

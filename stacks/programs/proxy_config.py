@@ -192,18 +192,26 @@ _LiteralDumper.add_representer(str, _represent_str)
 
 
 def cloud_init_user_data(settings: ProxySettings, *, hostname: str) -> str:
-    document = {
+    """The setup script, written and run once per instance: for a proxy without credentials."""
+    return cloud_init_document(
+        hostname=hostname, files={SETUP_PATH: setup_script(settings)}, runcmd=[[SETUP_PATH]]
+    )
+
+
+def cloud_init_document(
+    *, hostname: str, files: dict[str, str], runcmd: list[list[str]], packages: tuple[str, ...] = ()
+) -> str:
+    """`#cloud-config` writing root-only executables `files` (path: content) and running `runcmd`."""
+    document: dict[str, object] = {
         "hostname": hostname,
         "write_files": [
-            {
-                "path": SETUP_PATH,
-                "permissions": "0700",
-                "owner": "root:root",
-                "content": setup_script(settings),
-            }
+            {"path": path, "permissions": "0700", "owner": "root:root", "content": content}
+            for path, content in files.items()
         ],
-        "runcmd": [[SETUP_PATH]],
     }
+    if packages:
+        document |= {"package_update": True, "packages": list(packages)}
+    document["runcmd"] = runcmd
     return "#cloud-config\n" + yaml.dump(document, Dumper=_LiteralDumper, sort_keys=False)
 
 

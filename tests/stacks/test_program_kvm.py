@@ -7,21 +7,26 @@ run here (nor is there a KVM host); each test installs fresh mocks and runs the 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
+from pulumi.runtime import rpc
 
 from stacks.models import KvmProvider
 from stacks.programs.component import InvalidInputError
 from stacks.programs.context import ProgramSettings
+from stacks.programs.kvm_credentials import CREDENTIALS_PATH, RECEIVER_PATH
+from stacks.programs.proxy_config import SETUP_PATH
 from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
 
 VOLUME = "libvirt:index/volume:Volume"
 DOMAIN = "libvirt:index/domain:Domain"
 CLOUD_INIT = "libvirt:index/cloudInitDisk:CloudInitDisk"
 SUFFIX = "pulumi-python:dynamic/proxy-operator:StableSuffix"
+GUEST_CREDENTIALS = "pulumi-python:dynamic/proxy-operator:GuestCredentials"
 LEASE = "192.168.122.50"
 SSH_DIR = "/etc/proxy-operator/kvm"
 ENTRY = KvmProvider.model_validate(
@@ -111,7 +116,7 @@ def test_one_base_volume_per_host_and_pool(mocks: RecordingMocks) -> None:
     }
 
 
-def test_cloud_init_installs_tinyproxy_with_credentials(mocks: RecordingMocks) -> None:
+def test_cloud_init_installs_tinyproxy_and_waits_for_the_credentials(mocks: RecordingMocks) -> None:
     spec = {"provider": "kvm-home", "port": 8080, "allowedSourceRanges": ["192.168.1.0/24"]}
     run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
     disk = mocks.one(CLOUD_INIT).inputs
@@ -119,12 +124,28 @@ def test_cloud_init_installs_tinyproxy_with_credentials(mocks: RecordingMocks) -
 
     assert user_data.startswith("#cloud-config\n")
     document = yaml.safe_load(user_data)
-    [setup] = document["write_files"]
-    assert document["runcmd"] == [[setup["path"]]]
-    assert "Port 8080" in setup["content"]
-    assert f"BasicAuth {GENERATED['username']} {GENERATED['password']}" in setup["content"]
-    assert "Allow 192.168.1.0/24" in setup["content"]
+    files = {f["path"]: f for f in document["write_files"]}
+    assert {f["permissions"] for f in files.values()} == {"0700"}
+    setup = files[SETUP_PATH]["content"]
+    assert "Port 8080" in setup
+    assert "BasicAuth @PROXY_USERNAME@ @PROXY_PASSWORD@" in setup
+    assert f"CREDS=$(cat {CREDENTIALS_PATH})" in setup
+    assert "Allow 192.168.1.0/24" in setup
+    # The setup runs when the receiver gets the credentials through the guest agent, not from runcmd.
+    assert files[RECEIVER_PATH]["content"].endswith(f"exec {SETUP_PATH}\n")
+    assert document["packages"] == ["qemu-guest-agent"]
+    assert document["runcmd"] == [["systemctl", "start", "qemu-guest-agent"]]
     assert disk["metaData"].startswith("instance-id: px-crawl-a-")
+
+
+def test_without_credentials_the_setup_runs_from_cloud_init(mocks: RecordingMocks) -> None:
+    spec = {"provider": "kvm-home", "auth": {"mode": "none"}, "allowedSourceRanges": ["192.168.1.0/24"]}
+    run(entry=ENTRY, proxies=[proxy("open", **spec)], settings=SETTINGS)
+    document = yaml.safe_load(mocks.one(CLOUD_INIT).inputs["userData"])
+
+    assert [f["path"] for f in document["write_files"]] == [SETUP_PATH]
+    assert document["runcmd"] == [[SETUP_PATH]]
+    assert mocks.of_type(GUEST_CREDENTIALS) == []
 
 
 def _cloud_init_for(port: int) -> dict[str, Any]:
@@ -169,3 +190,60 @@ def test_a_host_missing_from_the_catalogue_is_a_permanent_error(mocks: Recording
     ):
         run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", kvm={"host": "hv9"})], settings=SETTINGS)
     assert mocks.of_type(DOMAIN) == []
+
+
+def _is_secret(value: Any) -> bool:
+    return isinstance(value, dict) and value.get(rpc._special_sig_key) == rpc._special_secret_sig
+
+
+@pytest.mark.parametrize(
+    ("spec", "given", "password"),
+    [
+        ({}, None, GENERATED["password"]),
+        (
+            {"auth": {"mode": "secret", "secretRef": {"name": "a-auth"}}},
+            {"crawl/a": {"username": "crawler", "password": "from-the-secret"}},
+            "from-the-secret",
+        ),
+    ],
+    ids=["generated", "secret"],
+)
+def test_the_password_is_in_no_libvirt_input_only_in_the_guest_delivery(
+    mocks: RecordingMocks, spec: dict[str, Any], given: dict[str, Any] | None, password: str
+) -> None:
+    """Issue 11: the cloud-init disk (user-data, meta-data) lies in the host's pool and the domain XML is
+    readable by every libvirt user; the credentials go to the guest over SSH instead."""
+    run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", **spec)], settings=SETTINGS, credentials=given)
+    libvirt_inputs = [r.inputs for r in mocks.resources if "libvirt" in r.typ]
+
+    assert {r.typ for r in mocks.resources if "libvirt" in r.typ} >= {VOLUME, DOMAIN, CLOUD_INIT}
+    assert password not in json.dumps(libvirt_inputs)
+    delivery = mocks.one(GUEST_CREDENTIALS).inputs
+    assert _is_secret(delivery["password"])
+    assert delivery["password"]["value"] == password
+    assert _is_secret(delivery["username"])
+    assert (delivery["sshTarget"], delivery["sshPort"], delivery["libvirtUri"]) == (
+        "virt@hv1.lan",
+        2222,
+        "qemu:///system",
+    )
+    assert (delivery["sshDir"], delivery["domain"], delivery["domainId"]) == (
+        SSH_DIR,
+        "px-crawl-a",
+        "crawl/a-id",
+    )
+
+
+def test_a_rotation_keeps_the_cloud_init_disk_and_so_the_domain() -> None:
+    """New credentials are delivered to the running guest: the user-data (and the domain) do not change."""
+    disks = []
+    for password in ("first-password", "second-password"):
+        recording = RecordingMocks(computed={DOMAIN: _lease})
+        install(recording, stack="kvm-home")
+        given = {"crawl/a": {"username": "crawler", "password": password}}
+        spec = {"provider": "kvm-home", "auth": {"mode": "secret", "secretRef": {"name": "a-auth"}}}
+        run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS, credentials=given)
+        disks.append(recording.one(CLOUD_INIT).inputs)
+        assert recording.one(GUEST_CREDENTIALS).inputs["password"]["value"] == password
+
+    assert disks[0] == disks[1]
