@@ -30,9 +30,11 @@ from service.kube.credentials import Credentials, CredentialsReader, Credentials
 from service.kube.events import EventRecorder
 from service.kube.holder import lease_holder_gone
 from service.kube.leader import LeaderElector
+from service.kube.pools import ClusterPools
 from service.kube.refs import ProxyRef
 from service.kube.settings import KubeSettings
 from service.kube.status_writer import StatusWriter
+from service.pools.signals import PoolSignals
 from service.sources.kubernetes import KubernetesSource
 from service.status import Event, StatusBoard
 from stacks.models import Condition, Proxy
@@ -75,6 +77,10 @@ class ClusterMode:
         self._term_stop: asyncio.Event | None = None
         self._term: asyncio.Task[None] | None = None
         self._probing: asyncio.Task[None] | None = None
+        self.pool_signals = PoolSignals(inventory)  # discovery's observer (serve attaches it)
+        self.pools: ClusterPools | None = None
+        self._pooling: asyncio.Task[None] | None = None
+        self._pools_stop = asyncio.Event()
         self._started = False
         self._budget = DeletionBudget(
             max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
@@ -172,6 +178,7 @@ class ClusterMode:
         self._term = asyncio.create_task(self.controller.run(self._term_stop), name=f"term-{self.terms}")
         if self._prober is not None:
             self._probing = asyncio.create_task(self._prober(), name="prober")
+        self._start_pools()
 
     def _seed_health(self) -> None:
         """What the previous leader's probes concluded stays until this leader's probes say otherwise: the
@@ -188,6 +195,7 @@ class ClusterMode:
     async def _follow(self) -> None:
         """The term ends: stop probing, stop the loop, interrupt running operations, stop writing."""
         self.source.set_writes(False)
+        await self._stop_pools()
         if self._probing is not None:
             self._probing.cancel()
             await asyncio.gather(self._probing, return_exceptions=True)
@@ -199,6 +207,23 @@ class ClusterMode:
             log.info("term %d ended", self.terms)
         self._term = self._term_stop = None
         self.controller = None
+
+    # --- pools: the leader's, a fresh one per term (service/kube/pools.py) ---------------------------------
+
+    def _start_pools(self) -> None:
+        self.pools = ClusterPools(self.api, self.kube, source=self.source, signals=self.pool_signals)
+        self.pools.start()
+        self._pools_stop = asyncio.Event()
+        every = self.settings.poll_seconds
+        self._pooling = asyncio.create_task(self.pools.run(self._pools_stop, every=every), name="pools")
+
+    async def _stop_pools(self) -> None:
+        """Before the term's loop stops: no child is created or deleted once the Lease may be lost."""
+        if self._pooling is not None and self.pools is not None:
+            self._pools_stop.set()
+            await asyncio.gather(self._pooling, return_exceptions=True)
+            await asyncio.to_thread(self.pools.stop)
+        self._pooling = self.pools = None
 
     # --- what the leader publishes, what followers read ------------------------------------------------
 

@@ -139,6 +139,7 @@ def _assemble(
     prober = Supervised("prober", health.run)
     if isinstance(controller, ClusterMode):
         controller.set_prober(prober.run)  # only the leader probes
+        discovery.observer = controller.pool_signals  # its pools' signals (children are Proxy objects)
     app = create_app(
         inventory=inventory,
         discovery=discovery,

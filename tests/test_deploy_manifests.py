@@ -261,8 +261,19 @@ def granted(rules: list[dict[str, Any]], group: str, resource: str) -> set[str]:
 def test_the_cluster_role_grants_what_the_kubernetes_source_needs() -> None:
     """Exactly what tests/kube/test_rbac_audit.py saw the service use (the audit log proves it there)."""
     rules = one("ClusterRole")["rules"]
-    assert granted(rules, "crawl.example.com", "proxies") == {"get", "list", "watch", "patch"}
+    # create, delete: a pool's children (service/kube/pools.py)
+    assert granted(rules, "crawl.example.com", "proxies") == {
+        "get",
+        "list",
+        "watch",
+        "patch",
+        "create",
+        "delete",
+    }
     assert granted(rules, "crawl.example.com", "proxies/status") == {"get", "patch"}
+    assert granted(rules, "crawl.example.com", "proxypools") == {"list", "watch"}
+    assert granted(rules, "crawl.example.com", "proxypools/status") == {"patch"}
+    assert not granted(rules, "crawl.example.com", "proxypools/finalizers")  # blockOwnerDeletion is false
     assert not granted(rules, "crawl.example.com", "proxies/finalizers")  # blockOwnerDeletion is false
     assert granted(rules, "", "events") == {"create", "patch"}
     assert not granted(rules, "", "secrets")

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import random
+from collections.abc import Collection, Iterable
 
-from service.pools.naming import BORN_LABEL, PLACEMENT_LABEL, POOL_LABEL, REPLACES_LABEL
+from service.pools.naming import (
+    BORN_LABEL,
+    PLACEMENT_LABEL,
+    POOL_LABEL,
+    REPLACES_LABEL,
+    Member,
+    child_name,
+    new_token,
+)
 from stacks.models import ObjectMeta, PoolPlacement, Proxy, ProxyPool, ProxySpec
 
 PORT_SEARCH = 1000  # how far above portBase a local child looks for a free port
@@ -63,3 +72,29 @@ def child_proxy(
         annotations=dict(template.metadata.annotations),
     )
     return Proxy(metadata=meta, spec=ProxySpec.model_validate(body))
+
+
+def new_child(
+    pool: ProxyPool,
+    placement_key: str,
+    *,
+    replaces: str | None,
+    others: Iterable[Member],
+    rng: random.Random,
+    born: float,
+) -> Proxy | None:
+    """A new child on `placement_key` (None: that placement is gone from the spec): a fresh name, and on
+    a shared host the first port no other child on that provider holds (`others`: leaving ones too, a
+    port is free only once its process is gone)."""
+    placement = next((p for p in pool.spec.placement if p.key == placement_key), None)
+    if placement is None:
+        return None
+    others = list(others)
+    used = {m.proxy.spec.port for m in others if m.proxy.spec.provider == placement.provider}
+    names = {m.name for m in others}
+    meta = pool.metadata
+    name = child_name(pool=meta.name, namespace=meta.namespace, token=new_token(rng))
+    while name in names:
+        name = child_name(pool=meta.name, namespace=meta.namespace, token=new_token(rng))
+    port = child_port(pool, placement, used=used)
+    return child_proxy(pool, placement, name=name, born=born, port=port, replaces=replaces)

@@ -15,6 +15,10 @@ from collections.abc import Callable, Iterable
 from service.discovery.store import LeaseRecord
 from service.inventory import HealthState, Inventory
 from service.pools.memory import Observed
+from service.pools.naming import Member
+from service.pools.rotation import Observe
+from stacks.models import ProxyPool
+from stacks.models.pool import seconds
 
 KEEP_SECONDS = 86400.0  # ban reports and unmet requests older than this are dropped
 
@@ -80,6 +84,22 @@ class PoolSignals:
                 last_leased=self._leased.get(key),
                 leases_end=self._lease_ends.get(key),
             )
+
+    def observer(self, pool: ProxyPool) -> Observe:
+        """What the pool's decisions ask about each child (bans counted over the pool's own window)."""
+        rule = pool.spec.rotation.replace_after_bans
+        window = seconds(rule.window) if rule is not None else 0.0
+
+        def observe(member: Member) -> Observed:
+            return self.observe(member.key, ban_window=window)
+
+        return observe
+
+    def unmet_for(self, pool: ProxyPool) -> int:
+        """Lease requests for the pool answered 503 within its demand window (0 without demand)."""
+        if pool.spec.demand is None:
+            return 0
+        return self.unmet_within(pool.metadata.name, seconds(pool.spec.demand.window))
 
     def drain(self, key: str) -> None:
         self.inventory.drain(key)

@@ -19,16 +19,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from service.pools.expand import child_port, child_proxy
+from service.pools.expand import child_proxy, new_child
 from service.pools.memory import Decision, PoolMemory
-from service.pools.naming import Member, child_name, member_of, new_token
+from service.pools.naming import Member, member_of
 from service.pools.plan import decide
 from service.pools.rotation import Observe
 from service.pools.signals import PoolSignals
 from service.pools.status import pool_status
 from service.sources.contract import Source, SourceChange
 from stacks.models import ProviderCatalogue, Proxy, ProxyPool, ProxyPoolStatus
-from stacks.models.pool import seconds
 from stacks.problems import Problem
 
 log = logging.getLogger(__name__)
@@ -160,17 +159,10 @@ class PoolSource:
         self._report(pool, memory, decision)
 
     def _observer(self, pool: ProxyPool) -> Observe | None:
-        signals = self.signals
-        if signals is None:
-            return None
-        rule = pool.spec.rotation.replace_after_bans
-        window = seconds(rule.window) if rule is not None else 0.0
-        return lambda member: signals.observe(member.key, ban_window=window)
+        return self.signals.observer(pool) if self.signals is not None else None
 
     def _unmet(self, pool: ProxyPool) -> int:
-        if self.signals is None or pool.spec.demand is None:
-            return 0
-        return self.signals.unmet_within(pool.metadata.name, seconds(pool.spec.demand.window))
+        return self.signals.unmet_for(pool) if self.signals is not None else 0
 
     def _apply(
         self, pool: ProxyPool, members: list[Member], decision: Decision, change: SourceChange
@@ -185,32 +177,18 @@ class PoolSource:
         self._emit(pool, change)
 
     def _create(self, pool: ProxyPool, placement_key: str, *, replaces: str | None) -> None:
-        placement = next((p for p in pool.spec.placement if p.key == placement_key), None)
-        if placement is None:
-            return
-        used = {m.proxy.spec.port for m in self._all_on(placement.provider)}
-        names = {m.name for m in self._children.values()} | {p.metadata.name for p in self._leaving.values()}
-        name = child_name(
-            pool=pool.metadata.name, namespace=pool.metadata.namespace, token=new_token(self._rng)
-        )
-        while name in names:
-            name = child_name(
-                pool=pool.metadata.name, namespace=pool.metadata.namespace, token=new_token(self._rng)
-            )
-        port = child_port(pool, placement, used=used)
-        proxy = child_proxy(pool, placement, name=name, born=self._clock(), port=port, replaces=replaces)
-        member = member_of(proxy)
-        assert member is not None
-        self._children[proxy.key] = member
-
-    def _new_name(self, pool: ProxyPool) -> str:
-        meta = pool.metadata
-        return child_name(pool=meta.name, namespace=meta.namespace, token=new_token(self._rng))
-
-    def _all_on(self, provider: str) -> list[Member]:
-        """Children on `provider`, leaving ones included (a port is free only once its process is gone)."""
         leaving = [m for m in (member_of(p) for p in self._leaving.values()) if m is not None]
-        return [m for m in [*self._children.values(), *leaving] if m.proxy.spec.provider == provider]
+        proxy = new_child(
+            pool,
+            placement_key,
+            replaces=replaces,
+            others=[*self._children.values(), *leaving],
+            rng=self._rng,
+            born=self._clock(),
+        )
+        member = member_of(proxy) if proxy is not None else None
+        if member is not None:
+            self._children[member.key] = member
 
     def _emit(self, pool: ProxyPool, change: SourceChange) -> None:
         """Upsert each child as the pool's current template declares it, when that differs from before."""

@@ -1,0 +1,101 @@
+"""A pool's children as the cluster's cache shows them, between a write and the watch event that shows it.
+
+Offline: the cache is a list of `ProxyObject`s made here; the cluster run is test_pools_incluster.py.
+"""
+
+from __future__ import annotations
+
+import random
+
+from service.kube.pool_children import PENDING_SECONDS, ClusterChildren, child_body, retemplated
+from service.pools.expand import new_child
+from service.pools.naming import member_of
+from service.sources.kubernetes import ProxyObject
+from stacks.models import Proxy
+from tests.pools.pools import pool
+
+EU = pool("eu", replicas=2, placement=[{"provider": "a", "portBase": 18000}])
+
+
+class Clock:
+    now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def child(name: str, *, port: int = 18000) -> Proxy:
+    made = new_child(EU, "a", replaces=None, others=[], rng=random.Random(name), born=900.0)
+    assert made is not None
+    return made.model_copy(update={"metadata": made.metadata.model_copy(update={"name": name})}).model_copy(
+        update={"spec": made.spec.model_copy(update={"port": port})}
+    )
+
+
+def obj(proxy: Proxy, *, deleting: bool = False) -> ProxyObject:
+    body = proxy.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"})
+    return ProxyObject(
+        namespace=proxy.metadata.namespace,
+        name=proxy.metadata.name,
+        uid=f"uid-{proxy.metadata.name}",
+        generation=1,
+        resource_version="1",
+        deleting=deleting,
+        finalized=True,
+        body=body,
+        status={},
+    )
+
+
+def test_a_created_child_counts_until_the_cache_shows_it_and_not_twice() -> None:
+    clock = Clock()
+    kids = ClusterChildren(clock=clock)
+    first = child("eu-aaaaa")
+    kids.refresh([])
+    kids.created(first)
+    assert [m.name for m in kids.members("crawl/eu")] == ["eu-aaaaa"], "counted before the watch shows it"
+    kids.refresh([obj(first)])
+    assert [m.name for m in kids.members("crawl/eu")] == ["eu-aaaaa"], "counted once when it shows"
+
+
+def test_a_created_child_no_event_ever_shows_stops_counting() -> None:
+    clock = Clock()
+    kids = ClusterChildren(clock=clock)
+    kids.created(child("eu-aaaaa"))
+    clock.now += PENDING_SECONDS + 1
+    kids.refresh([])
+    assert kids.members("crawl/eu") == []
+
+
+def test_a_deleted_child_leaves_at_once_keeps_its_port_and_is_reported_gone_at_the_end() -> None:
+    kids = ClusterChildren(clock=Clock())
+    one, two = child("eu-aaaaa", port=18000), child("eu-bbbbb", port=18001)
+    kids.refresh([obj(one), obj(two)])
+    kids.deleted(one.key)
+    kids.refresh([obj(one), obj(two)])  # the cache does not show the deletion yet
+    assert [m.name for m in kids.members("crawl/eu")] == ["eu-bbbbb"]
+    assert {m.proxy.spec.port for m in kids.all()} == {18000, 18001}, "a leaving child's port stays taken"
+    kids.refresh([obj(one, deleting=True), obj(two)])
+    assert [m.name for m in kids.members("crawl/eu")] == ["eu-bbbbb"]
+    assert kids.refresh([obj(two)]) == [one.key], "gone: its signals can be forgotten"
+
+
+def test_the_body_is_owned_by_the_pool_and_a_template_edit_is_a_patch() -> None:
+    proxy = child("eu-aaaaa")
+    owner = {"kind": "ProxyPool", "name": "eu", "uid": "u1", "controller": True}
+    body = child_body(proxy, owner=owner)
+    assert body["metadata"]["ownerReferences"] == [owner]
+    assert body["metadata"]["labels"] == proxy.metadata.labels
+    member = member_of(Proxy.model_validate(body))
+    assert member is not None
+    assert retemplated(EU, member, body) is None, "unchanged template: no write"
+    edited = pool(
+        "eu",
+        replicas=2,
+        placement=[{"provider": "a", "portBase": 18000}],
+        template_spec={"protocol": "socks5"},
+    )
+    patch = retemplated(edited, member, body)
+    assert patch is not None
+    assert patch["spec"]["protocol"] == "socks5"
+    assert "port" not in patch["spec"], "the child keeps its port"
