@@ -62,6 +62,9 @@ FROM ${BASE_IMAGE}
 LABEL org.opencontainers.image.title="proxy-operator" \
       org.opencontainers.image.description="Proxy objects in, one Pulumi stack per provider, a discovery API out." \
       org.opencontainers.image.licenses="Apache-2.0"
+# ssh: the kvm program delivers proxy credentials to the KVM host over SSH (stacks/programs/kvm_credentials.py).
+RUN command -v ssh >/dev/null || (apt-get update -qq \
+      && apt-get install -y -qq --no-install-recommends openssh-client && rm -rf /var/lib/apt/lists/*)
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /var/lib/proxy-operator \
       --shell /usr/sbin/nologin proxy-operator \
  && install -d -o 10001 -g 10001 /var/lib/proxy-operator

@@ -23,7 +23,7 @@ cache="${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?is not set: set PRO
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml")"
 image="localhost/proxy-operator"
 suite=bookworm
-packages=(python3.11 python3.11-venv ca-certificates)
+packages=(python3.11 python3.11-venv ca-certificates openssh-client)
 mirrors=(
   "deb http://deb.debian.org/debian $suite main"
   "deb http://deb.debian.org/debian $suite-updates main"

@@ -202,3 +202,12 @@ def test_the_download_stage_takes_only_the_cli_and_the_named_plugins(
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pulumi", "pulumi-resource-kubernetes"]
     assert (tmp_path / "pulumi").stat().st_mode & 0o111
+
+
+def test_the_image_has_ssh_for_the_kvm_credentials() -> None:
+    """The kvm program runs `ssh` to deliver proxy credentials to the KVM host: both the users' base and the
+    base `make image` builds must provide it."""
+    text = DOCKERFILE.read_text()
+    final = text[text.rindex("\nFROM ") :]
+    assert "openssh-client" in final
+    assert "openssh-client" in (ROOT / "scripts" / "build-image.sh").read_text()
