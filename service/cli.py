@@ -11,7 +11,7 @@ import typer
 from service.cli_orphans import orphans
 from service.cli_settings import command_settings, setup_errors
 from service.cli_stacks import preview_command, stacks_app
-from service.kube.client import in_cluster
+from service.kube.client import KubeClientError, in_cluster
 from service.kube.settings import KubeSettings
 from service.logging_setup import configure_logging
 from service.runner import apply_once
@@ -130,10 +130,9 @@ def pick_mode(manifests: Path | None, kubeconfig: Path | None) -> KubeSettings |
     if kubeconfig is not None:
         return kube.model_copy(update={"kubeconfig": kubeconfig})
     if kube.kubeconfig is None and not in_cluster():
-        raise typer.BadParameter(
-            "give --manifests FOLDER (folder mode), or --kubeconfig FILE (in-cluster mode against that "
-            "cluster); in a pod the in-cluster mode needs neither",
-            param_hint="--manifests / --kubeconfig",
+        raise KubeClientError(
+            "--manifests / --kubeconfig: give --manifests FOLDER (folder mode) or --kubeconfig FILE "
+            "(in-cluster mode against that cluster); in a pod the in-cluster mode needs neither"
         )
     return kube
 

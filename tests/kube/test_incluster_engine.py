@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes.client import ApiClient
 
@@ -168,6 +169,8 @@ def test_two_replicas_elect_one_leader_and_hand_over(fleet: ClusterFleet) -> Non
                                  what="the follower serves p1")  # fmt: skip
             assert served.port == first
             assert served.password, "the follower has the credentials from the Secret"
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{b.service.port}") as http:
+                assert (await http.get("/readyz")).status_code == 200, "a healthy follower is ready"
 
             started = time.monotonic()
             await a.stop()

@@ -128,6 +128,30 @@ def test_a_port_variable_out_of_range_names_the_variable(empty: Path) -> None:
     )
 
 
+def test_serve_without_a_mode_says_which_to_give(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBERNETES_", "PROXY_OPERATOR_KUBE"))}
+    command = [str(Path(sys.executable).parent / "proxy-operator"), "serve", "--port", "0"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout
+    assert done.stderr.splitlines() == [
+        "error: --manifests / --kubeconfig: give --manifests FOLDER (folder mode) or --kubeconfig FILE "
+        "(in-cluster mode against that cluster); in a pod the in-cluster mode needs neither"
+    ]
+
+
+def test_serve_with_a_broken_kubeconfig_is_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "kubeconfig"
+    broken.write_text("apiVersion: v1\nkind: Config\nclusters: []\n")
+    command = [str(Path(sys.executable).parent / "proxy-operator"), "serve", "--port", "0"]
+    done = subprocess.run(
+        [*command, "--kubeconfig", str(broken)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert done.returncode == 2, done.stdout
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(f"error: cannot configure the Kubernetes client from kubeconfig {broken}: ")
+
+
 def test_a_port_in_use_is_one_line(empty: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
