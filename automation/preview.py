@@ -86,6 +86,18 @@ class _Backend:
     errors: dict[str, str] = field(default_factory=dict)  # stacks whose state could not be read
 
 
+def applied_in_backend(engine: Engine) -> list[Proxy]:
+    """Every proxy the backend's stacks say they applied (a stack that cannot be read is left out: the
+    preview reports it on that stack)."""
+    applied: list[Proxy] = []
+    for name in sorted(engine.list_stack_names()):
+        try:
+            applied += applied_proxies(engine.plain_outputs(name).get(APPLIED_PROXIES_OUTPUT))
+        except ProxyOperatorError:
+            continue
+    return applied
+
+
 def plan_previews(
     engine: Engine,
     desired: DesiredState,

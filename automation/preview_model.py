@@ -136,12 +136,30 @@ class Decisions(_Wire):
     deletion_budget: str | None = None  # set when the deletion budget would stop this change
 
 
+class PoolChild(_Wire):
+    name: str
+    placement: str
+    change: Literal["create", "keep", "delete"]  # a created child's name is drawn again at apply
+
+
+class PoolPreview(_Wire):
+    """A ProxyPool's expansion: the children applying the manifests would leave, create and delete."""
+
+    pool: str  # ns/name
+    desired: int
+    children: list[PoolChild] = Field(default_factory=list)
+
+    def count(self, change: str) -> int:
+        return sum(1 for child in self.children if child.change == change)
+
+
 class PreviewReport(_Wire):
     schema_version: Literal[1] = 1
     all_stacks: bool = False
     stacks: list[StackPreview] = Field(default_factory=list)
     problems: list[str] = Field(default_factory=list)
     decisions: Decisions = Field(default_factory=Decisions)
+    pools: list[PoolPreview] = Field(default_factory=list)  # set by the caller that expands the pools
 
     @computed_field  # type: ignore[prop-decorator]
     @property

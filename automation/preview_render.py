@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from automation.preview_model import PROXY_OPS, PreviewReport, StackPreview
+from automation.preview_model import PROXY_OPS, PoolPreview, PreviewReport, StackPreview
 
-SYMBOLS = {"create": "+", "update": "~", "replace": "+-", "delete": "-"}
+SYMBOLS = {"create": "+", "update": "~", "replace": "+-", "delete": "-", "keep": " "}
+NAMES_DRAWN = "new children's names are drawn again at apply"
 TITLE = "proxy-operator preview"
 
 
@@ -20,6 +21,9 @@ def render_text(report: PreviewReport) -> str:
         if stack.resource_changes:
             lines.append(f"  resources: {_counts(stack.resource_changes)}")
         lines.extend(f"  skipped {key}: {why}" for key, why in sorted(stack.skipped.items()))
+    for pool in report.pools:
+        lines.append(f"pool {pool.pool}: {_pool_headline(pool)}")
+        lines.extend(f"  {SYMBOLS[c.change]:<2} {c.change:<7} {c.name}  {c.placement}" for c in pool.children)
     lines.extend(f"{word}: {text}" for word, text in _decision_lines(report))
     lines.extend(f"problem: {problem}" for problem in report.problems)
     lines.append(_summary(report))
@@ -35,6 +39,11 @@ def render_markdown(report: PreviewReport) -> str:
         lines.append(f"| `{_cell(stack.name)}` | {stack.operation} | {counts} | {_result(stack)} |")
     for stack in report.stacks:
         lines += ["", *_details(stack)]
+    if report.pools:
+        lines += ["", "**Pools**", ""]
+        for pool in report.pools:
+            lines += [f"- `{_cell(pool.pool)}`: {_cell(_pool_headline(pool))}"]
+            lines += [f"  - {c.change} `{_cell(c.name)}` on `{_cell(c.placement)}`" for c in pool.children]
     decisions = _decision_lines(report)
     if decisions:
         lines += ["", "**Decisions**", "", *(f"- **{word}** {_cell(text)}" for word, text in decisions)]
@@ -86,6 +95,12 @@ def _result(stack: StackPreview) -> str:
     if not stack.previewed:
         return "unchanged"
     return "changes" if stack.changed else "no changes"
+
+
+def _pool_headline(pool: PoolPreview) -> str:
+    changes = ", ".join(f"{pool.count(c)} to {c}" for c in ("create", "keep", "delete") if pool.count(c))
+    drawn = f" ({NAMES_DRAWN})" if pool.count("create") else ""
+    return f"{pool.desired} desired; {changes or 'no children'}{drawn}"
 
 
 def _summary(report: PreviewReport) -> str:

@@ -12,11 +12,12 @@ from automation.deletion_budget import DeletionBudget
 from automation.engine import Engine
 from automation.errors import ProxyOperatorError
 from automation.inspect import StackDetail, StackInspector, StackNotFoundError, StackSummary
-from automation.preview import DesiredState, preview
+from automation.preview import DesiredState, applied_in_backend, preview
 from automation.preview_model import PreviewReport
 from automation.preview_render import render_json, render_markdown, render_text
 from service.cli_settings import command_settings, setup_errors
 from service.config import OperatorSettings
+from service.pools.preview import declared, expand_for_preview
 from service.sources.directory import DirectorySource
 from service.validate import validate_manifests
 from stacks.models import ProviderCatalogue
@@ -34,18 +35,19 @@ NAME = typer.Argument(..., help="Stack name (= provider catalogue entry).")
 def preview_manifests(
     settings: OperatorSettings, manifests: Path, *, all_stacks: bool = False
 ) -> PreviewReport:
-    """Load a (validated) manifests folder and preview the stacks it would change."""
-    source = DirectorySource(manifests)
-    read = source.poll()
+    """Load a (validated) manifests folder, its ProxyPools expanded into children over what the backend
+    applied, and preview the stacks it would change."""
+    engine = Engine(settings.engine_config())
+    source, read, pools = expand_for_preview(DirectorySource(manifests), applied=applied_in_backend(engine))
     desired = DesiredState(
         catalogue=source.catalogue or ProviderCatalogue(),
-        proxies=source.proxies(),
+        proxies=declared(source),
         credentials=source,
         complete=read.complete,
         held={key: f"{hold.reason}: {hold.message}" for key, hold in read.held.items()},
     )
-    return preview(
-        Engine(settings.engine_config()),
+    report = preview(
+        engine,
         desired,
         all_stacks=all_stacks,
         # Ownership is judged only when the installation is named (CI: PROXY_OPERATOR_INSTALLATION);
@@ -55,6 +57,7 @@ def preview_manifests(
             max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
         ),
     )
+    return report.model_copy(update={"pools": pools})
 
 
 def inspector(state_dir: Path | None) -> StackInspector:
