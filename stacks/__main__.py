@@ -8,6 +8,7 @@ Input (stack config, namespace `proxy-operator`):
 - `probeUrl` (optional, else $PROXY_OPERATOR_PROBE_URL): the health probe's URL, allowed through every
   proxy's egress policy;
 - `kvmSshDir` (optional): where the SSH key and known_hosts are mounted (else $PROXY_OPERATOR_KVM_SSH_DIR);
+- `installation` (set by the automation, optional): this installation's id, a label on every resource;
 - `specHash`, `stack` (set by the automation): the stack spec hash, echoed back as an output.
 Output: `proxies` = {"ns/name": {"host", "port", "protocol", "instanceId"}}, secret `credentials`,
 `specHash` and `appliedProxies` (the automation's `specHash` and `proxies` config, echoed back).
@@ -47,6 +48,7 @@ def _settings(config: pulumi.Config) -> ProgramSettings:
         kvm_ssh_dir=config.get("kvmSshDir")
         or os.environ.get("PROXY_OPERATOR_KVM_SSH_DIR", DEFAULT_KVM_SSH_DIR),
         probe_url=config.get("probeUrl") or os.environ.get(PROBE_URL_ENV),
+        installation=config.get("installation") or None,
     )
 
 

@@ -2,12 +2,12 @@
 
 Every resource of a proxy sits under one `ComponentResource` named `ns/name`, so the automation layer can
 remove or forget one proxy's subtree on its own. Labels (or metadata) on every cloud resource name the
-managing service, the proxy and the stack, so orphans can be found with a label query.
+managing service, the installation, the proxy and the stack, so orphans can be found with a label query
+(`stacks/marks.py`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,11 +16,20 @@ from typing import Any
 import pulumi
 from pydantic import ValidationError
 
+from stacks.marks import (
+    GCP_MANAGED_BY,
+    K8S_MANAGED_BY,
+    LABEL_PREFIX,
+    MANAGED_BY,
+    gcp_installation_labels,
+    gcp_value,
+    kubernetes_installation_labels,
+    label_value,
+    short_hash,
+)
 from stacks.models import ProxySpec
 
 COMPONENT_TYPE = "proxy-operator:index:Proxy"
-MANAGED_BY = "proxy-operator"
-LABEL_PREFIX = "crawl.example.com"
 
 
 class InvalidInputError(ValueError):
@@ -89,10 +98,6 @@ def child_opts(parent: pulumi.Resource, **kwargs: Any) -> pulumi.ResourceOptions
     return pulumi.ResourceOptions(parent=parent, **kwargs)
 
 
-def short_hash(text: str, length: int = 8) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:length]
-
-
 def physical_name(prefix: str, proxy: ProgramProxy, max_length: int = 63) -> str:
     """A DNS-1035 label (lowercase, starts with a letter) unique per proxy; long keys get a hash suffix."""
     base = re.sub(r"[^a-z0-9-]+", "-", f"{prefix}-{proxy.namespace}-{proxy.name}".lower()).strip("-")
@@ -102,18 +107,10 @@ def physical_name(prefix: str, proxy: ProgramProxy, max_length: int = 63) -> str
     return f"{base[: max_length - len(suffix) - 1].rstrip('-')}-{suffix}"
 
 
-def label_value(text: str, *, allowed: str = r"[^A-Za-z0-9_.-]", max_length: int = 63) -> str:
-    """Squeeze `text` into a label value; an over-long value keeps a hash so two proxies never collide."""
-    value = re.sub(allowed, "_", text)
-    if len(value) > max_length:
-        suffix = short_hash(text)
-        value = f"{value[: max_length - len(suffix) - 1]}-{suffix}"
-    return value.strip("_.-") or "x"
-
-
 def kubernetes_labels(proxy: ProgramProxy, stack: str) -> dict[str, str]:
+    """The labels of a proxy's pods (and of its objects, which add `kubernetes_object_labels`)."""
     return {
-        "app.kubernetes.io/managed-by": MANAGED_BY,
+        K8S_MANAGED_BY: MANAGED_BY,
         "app.kubernetes.io/name": "proxy",
         f"{LABEL_PREFIX}/proxy-namespace": proxy.namespace,
         f"{LABEL_PREFIX}/proxy-name": label_value(proxy.name),
@@ -121,14 +118,16 @@ def kubernetes_labels(proxy: ProgramProxy, stack: str) -> dict[str, str]:
     }
 
 
-def gcp_labels(proxy: ProgramProxy, stack: str) -> dict[str, str]:
+def kubernetes_object_labels(proxy: ProgramProxy, stack: str, installation: str | None) -> dict[str, str]:
+    """The objects' own labels: the pods' plus the installation (kept off the pod template, so adding it
+    changes the objects in place and rolls no pod)."""
+    return kubernetes_labels(proxy, stack) | kubernetes_installation_labels(installation)
+
+
+def gcp_labels(proxy: ProgramProxy, stack: str, installation: str | None = None) -> dict[str, str]:
     """GCP label values: lowercase letters, digits, `-` and `_`, at most 63 characters."""
-
-    def gcp_value(text: str) -> str:
-        return label_value(text.lower(), allowed=r"[^a-z0-9_-]")
-
     return {
-        "managed-by": MANAGED_BY,
+        GCP_MANAGED_BY: MANAGED_BY,
         "proxy": gcp_value(f"{proxy.namespace}_{proxy.name}"),
         "stack": gcp_value(stack),
-    }
+    } | gcp_installation_labels(installation)

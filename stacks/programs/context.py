@@ -24,6 +24,7 @@ class ProgramSettings:
     provider_credentials: pulumi.Output[str] | None = None  # gcp key JSON or kubeconfig, a secret
     kvm_ssh_dir: str = DEFAULT_KVM_SSH_DIR
     probe_url: str | None = None  # the health probe's URL: its endpoint is allowed through every proxy
+    installation: str | None = None  # this installation's id, marked on every resource (stacks/marks.py)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from typing import Any
 import pulumi
 import pulumi_gcp as gcp
 
+from stacks.marks import description_words
 from stacks.models import GcpProvider
 from stacks.programs.boot_credentials import PLACEHOLDER, fetched_at_boot, gcp_secret_fetch
 from stacks.programs.component import ProxyEndpoint, gcp_labels, physical_name
@@ -51,7 +52,15 @@ def ranges_by_family(ranges: list[str]) -> dict[str, list[str]]:
     return families
 
 
-def _firewalls(ctx: ProxyContext, *, entry: GcpProvider, tag: str, opts: pulumi.ResourceOptions) -> None:
+def firewall_description(ctx: ProxyContext, settings: ProgramSettings) -> str:
+    """A firewall rule takes no labels: its description carries the same marks (`stacks/marks.py`)."""
+    marks = description_words(installation=settings.installation, stack=settings.stack)
+    return f"proxy-operator: proxy {ctx.proxy.key} port {ctx.proxy.spec.port}; {marks}"
+
+
+def _firewalls(
+    ctx: ProxyContext, *, entry: GcpProvider, tag: str, description: str, opts: pulumi.ResourceOptions
+) -> None:
     spec = ctx.proxy.spec
     for family, ranges in ranges_by_family(spec.allowed_source_ranges).items():
         gcp.compute.Firewall(
@@ -62,7 +71,7 @@ def _firewalls(ctx: ProxyContext, *, entry: GcpProvider, tag: str, opts: pulumi.
             allows=[{"protocol": "tcp", "ports": [str(spec.port)]}],
             source_ranges=ranges,
             target_tags=[tag],
-            description=f"proxy-operator: proxy {ctx.proxy.key} port {spec.port}",
+            description=description,
             opts=opts,
         )
 
@@ -119,9 +128,10 @@ def _proxy(
     spec, block = ctx.proxy.spec, ctx.proxy.spec.block_for("gcp")
     zone = block.zone or entry.zone
     name = physical_name("px", ctx.proxy)
-    labels = gcp_labels(ctx.proxy, settings.stack)
+    labels = gcp_labels(ctx.proxy, settings.stack, settings.installation)
     opts = pulumi.ResourceOptions(parent=ctx.component, provider=gcp_provider, delete_before_replace=True)
-    _firewalls(ctx, entry=entry, tag=name, opts=opts)
+    description = firewall_description(ctx, settings)
+    _firewalls(ctx, entry=entry, tag=name, description=description, opts=opts)
     nat_ip: pulumi.Input[str] | None = None  # None: an ephemeral external address
     if block.address_type == "static":
         region = zone.rsplit("-", 1)[0]
@@ -140,8 +150,9 @@ def _proxy(
         machine_type=block.machine_type,
         zone=zone,
         boot_disk=gcp.compute.InstanceBootDiskArgs(
+            # Without the installation: a boot disk's labels are fixed at creation (a change replaces the VM).
             initialize_params=gcp.compute.InstanceBootDiskInitializeParamsArgs(
-                image=block.image, labels=labels
+                image=block.image, labels=gcp_labels(ctx.proxy, settings.stack)
             )
         ),
         network_interfaces=[

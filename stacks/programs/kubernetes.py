@@ -30,7 +30,12 @@ import pulumi_kubernetes as k8s
 
 from stacks.egress import METADATA_ADDRESSES, denied_ranges
 from stacks.models import EgressSpec, KubernetesProvider
-from stacks.programs.component import ProxyEndpoint, kubernetes_labels, physical_name
+from stacks.programs.component import (
+    ProxyEndpoint,
+    kubernetes_labels,
+    kubernetes_object_labels,
+    physical_name,
+)
 from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
 from stacks.programs.kube_access import check_access
 from stacks.programs.proxy_config import ProxySettings
@@ -156,6 +161,7 @@ def _deployment(
     *,
     meta: dict[str, Any],
     selector: dict[str, str],
+    pod_labels: dict[str, str],
     secret: k8s.core.v1.Secret,
     block: Any,
     opts: pulumi.ResourceOptions,
@@ -169,7 +175,7 @@ def _deployment(
     spec: dict[str, Any] = {
         "replicas": 1,
         "selector": {"matchLabels": selector},
-        "template": {"metadata": {"labels": {**meta["labels"], **selector}}, "spec": pod_spec},
+        "template": {"metadata": {"labels": {**pod_labels, **selector}}, "spec": pod_spec},
     }
     return k8s.apps.v1.Deployment(ctx.proxy.key, metadata=cast(Any, meta), spec=cast(Any, spec), opts=opts)
 
@@ -269,7 +275,9 @@ def _proxy(
     spec, block = ctx.proxy.spec, ctx.proxy.spec.block_for("kubernetes")
     name = physical_name("px", ctx.proxy)
     selector = {"app.kubernetes.io/instance": name}
-    labels = {**kubernetes_labels(ctx.proxy, settings.stack), **selector}
+    # The installation label is on the objects only: on the pod template it would roll every pod once.
+    labels = {**kubernetes_object_labels(ctx.proxy, settings.stack, settings.installation), **selector}
+    pod_labels = kubernetes_labels(ctx.proxy, settings.stack)
     meta = {
         "name": name,
         "namespace": entry.namespace,
@@ -278,7 +286,9 @@ def _proxy(
     }
     opts = pulumi.ResourceOptions(parent=ctx.component, provider=k8s_provider)
     secret = _secret(ctx, meta=meta, opts=opts)
-    deployment = _deployment(ctx, meta=meta, selector=selector, secret=secret, block=block, opts=opts)
+    deployment = _deployment(
+        ctx, meta=meta, selector=selector, pod_labels=pod_labels, secret=secret, block=block, opts=opts
+    )
     service = _service(ctx, meta=meta, selector=selector, block=block, opts=opts)
     _network_policy(ctx, meta=meta, selector=selector, opts=opts)
     host = _published_host(service, name=name, namespace=entry.namespace, service_type=block.service_type)

@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import pulumi
 import pulumi_libvirt as libvirt
 
+from stacks.marks import description_words
 from stacks.models import KvmHost, KvmProvider
 from stacks.programs.boot_credentials import PLACEHOLDER, fetched_at_boot, file_fetch
 from stacks.programs.component import (
@@ -131,8 +132,9 @@ def _lease_address(nics: Sequence[Any] | None) -> str:
     return str(addresses[0])
 
 
-def _domain_description(ctx: ProxyContext, stack: str) -> str:
-    return f"managed-by=proxy-operator proxy={ctx.proxy.key} stack={stack}"
+def domain_description(ctx: ProxyContext, settings: ProgramSettings) -> str:
+    """The domain's marks (`stacks/marks.py`): a domain takes no labels, its description carries them."""
+    return description_words(proxy=ctx.proxy.key, stack=settings.stack, installation=settings.installation)
 
 
 def _user_data(ctx: ProxyContext, *, hostname: str) -> pulumi.Output[str]:
@@ -191,7 +193,7 @@ def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> Proxy
     domain = libvirt.Domain(
         ctx.proxy.key,
         name=name,
-        description=_domain_description(ctx, hosts.settings.stack),
+        description=domain_description(ctx, hosts.settings),
         vcpu=block.vcpus,
         memory=block.memory_mib,
         autostart=True,
@@ -200,8 +202,13 @@ def _proxy(entry: KvmProvider, ctx: ProxyContext, hosts: HostResources) -> Proxy
         network_interfaces=[{"network_name": network, "hostname": name, "wait_for_lease": True}],
         consoles=[{"type": "pty", "target_port": "0", "target_type": "serial"}],
         # libvirt would swap the ISO in place and the running VM would never read it: replace the domain.
+        # The libvirt provider replaces a domain whose description changes: a domain keeps the description
+        # it was made with (one made before the installation mark keeps none; docs/operations.md).
         opts=pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(replace_on_changes=["cloudinit"], delete_before_replace=True)
+            opts,
+            pulumi.ResourceOptions(
+                replace_on_changes=["cloudinit"], delete_before_replace=True, ignore_changes=["description"]
+            ),
         ),
     )
     address = domain.network_interfaces.apply(_lease_address)
