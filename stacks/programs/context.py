@@ -8,13 +8,14 @@ from typing import Any
 
 import pulumi
 
+from stacks.kvm_ssh import DEFAULT_SSH_DIR
 from stacks.models import EgressRule, EgressSpec
 from stacks.programs.component import Credentials, InvalidInputError, ProgramProxy, ProxyComponent
 from stacks.programs.credentials import GeneratedCredentials
 from stacks.programs.probe_allow import with_rules
 from stacks.programs.proxy_config import ProxySettings, check_credentials
 
-DEFAULT_KVM_SSH_DIR = "/etc/proxy-operator/kvm"
+DEFAULT_KVM_SSH_DIR = DEFAULT_SSH_DIR
 
 
 @dataclass(frozen=True)

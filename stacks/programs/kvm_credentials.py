@@ -28,10 +28,11 @@ import shutil
 import subprocess
 from collections.abc import Callable, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from stacks.kvm_ssh import ssh_argv, ssh_destination
 
 CREDENTIALS_DIR = "/etc/proxy-operator"
 CREDENTIALS_PATH = f"{CREDENTIALS_DIR}/credentials"
@@ -55,34 +56,6 @@ def receiver_script(setup_path: str) -> str:
         "cloud-init status --wait >/dev/null 2>&1 || true\n"
         f"exec {setup_path}\n"
     )
-
-
-def ssh_destination(host_uri: str) -> tuple[str, int, str]:
-    """(user@host, port, the host's own libvirt URI) from a catalogue `qemu+ssh://` URI."""
-    parts = urlsplit(host_uri)
-    target = f"{parts.username}@{parts.hostname}" if parts.username else str(parts.hostname)
-    query = [(key, value) for key, value in parse_qsl(parts.query) if key == "socket"]
-    driver = parts.scheme.split("+", 1)[0]
-    local = f"{driver}://{parts.path or '/system'}" + (f"?{urlencode(query, safe='/')}" if query else "")
-    return target, parts.port or 22, local
-
-
-def ssh_argv(*, target: str, port: int, ssh_dir: str) -> list[str]:
-    """`ssh` with the mounted key and known_hosts only, host keys verified, no prompt, no user config."""
-    folder = ssh_dir.rstrip("/")
-    options = {
-        "BatchMode": "yes",
-        "IdentitiesOnly": "yes",
-        "StrictHostKeyChecking": "yes",
-        "UserKnownHostsFile": f"{folder}/known_hosts",
-        "GlobalKnownHostsFile": "/dev/null",
-        "ConnectTimeout": "30",
-        "ServerAliveInterval": "30",
-    }
-    argv = ["ssh", "-F", "/dev/null", "-i", f"{folder}/id_ed25519", "-p", str(port)]
-    for key, value in options.items():
-        argv += ["-o", f"{key}={value}"]
-    return [*argv, target, "sh", "-s"]
 
 
 def _agent_exec(domain: str, payload: str) -> str:

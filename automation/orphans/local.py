@@ -1,15 +1,7 @@
-"""Orphans: resources that carry our marks but that no stack's state holds.
-
-One small query per provider type lists what carries our marks; the comparison with the stacks' state is
-pure (`orphans`). What is built:
-
-- **local**: processes `python -m stacks.forward_proxy <config>` whose config file lies under the state
-  folder of one of this installation's `local` catalogue entries. A local process carries no tag of its
-  own; its state folder is the mark (two installations on one machine must not share a stateDir). The state
-  side: every instance id (`<pid>-<start time>`) in the `proxies` output of any stack of the backend.
-
-Not built here: kubernetes (objects labelled `app.kubernetes.io/managed-by=proxy-operator`), gcp (instances
-labelled `managed-by`) and kvm (domains named `px-*`); see docs/pools.md, "Orphans".
+"""Local orphans: processes `python -m stacks.forward_proxy <config>` whose config file lies under the state
+folder of one of this installation's `local` catalogue entries. A local process carries no tag of its own;
+its state folder is the mark (two installations on one machine must not share a stateDir). The state side:
+every instance id (`<pid>-<start time>`) in the `proxies` output of any stack of the backend.
 """
 
 from __future__ import annotations
@@ -18,31 +10,12 @@ import contextlib
 import os
 import signal
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from automation.orphans.model import LocalProcess, Orphan
+
 FORWARD_PROXY_MODULE = "stacks.forward_proxy"
-
-
-@dataclass(frozen=True)
-class LocalProcess:
-    pid: int
-    start_time: int
-    config: Path
-
-    @property
-    def instance_id(self) -> str:
-        return f"{self.pid}-{self.start_time}"
-
-
-@dataclass(frozen=True)
-class Orphan:
-    provider: str  # the catalogue entry whose mark it carries
-    kind: str  # "process"
-    id: str
-    detail: str
-    process: LocalProcess | None = None
 
 
 def known_instance_ids(outputs: Iterable[Mapping[str, Any]]) -> set[str]:
