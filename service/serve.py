@@ -8,9 +8,11 @@ the signals: the first Ctrl-C or SIGTERM ends the API, then the prober stops and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import socket
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,10 +164,26 @@ def _assemble(
         controller=controller,
         health=health,
         discovery=discovery,
-        server=uvicorn.Server(config),
+        server=ApiServer(config),
         listener=listener,
         prober=prober,
     )
+
+
+class ApiServer(uvicorn.Server):
+    """uvicorn's server, except that a signal it caught is not raised again once it stopped: uvicorn
+    re-raises SIGTERM/SIGINT after its shutdown (so the process would die right there), but `serve` still
+    has to stop the control loop (release the Lease, SIGINT running `pulumi` children so they unlock)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        with super().capture_signals():
+            yield
+            if self._captured_signals:
+                log.info(
+                    "stopping on signal %s", ", ".join(signal.Signals(s).name for s in self._captured_signals)
+                )
+            self._captured_signals.clear()
 
 
 async def serve(service: Service) -> None:
@@ -183,6 +201,7 @@ async def serve(service: Service) -> None:
         await asyncio.gather(prober, return_exceptions=True)
         await control
         await service.controller.close()
+        log.info("stopped cleanly")
 
 
 # --- parts -------------------------------------------------------------------------------------------

@@ -7,7 +7,12 @@ No kubelet runs here, so the service runs as processes of the test (as with `--k
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,7 @@ import httpx
 import pytest
 from kubernetes.client import ApiClient
 
+from service.kube.client import ApiException, request_json
 from service.sources.kubernetes import FINALIZER, PAUSED, RECONCILE_REQUESTED
 from tests.automation.fleet import accepts, free_port
 from tests.conftest import PulumiEnv
@@ -218,3 +224,44 @@ def test_the_watch_survives_an_apiserver_restart(pulumi_env: PulumiEnv, tmp_path
             asyncio.run(scenario())
         finally:
             fleet.kill_proxies()
+
+
+def test_sigterm_stops_the_service_cleanly_and_releases_the_lease(fleet: ClusterFleet) -> None:
+    """`kubectl delete pod` sends SIGTERM: the process stops its term (the Lease is released, so a
+    successor takes over within a retry period) and exits 0. uvicorn re-raises the signal it caught after
+    its own shutdown, which used to kill the process before the Lease was released (found by the bench)."""
+    lease = f"/apis/coordination.k8s.io/v1/namespaces/{fleet.namespace}/leases/proxy-operator"
+    env = {
+        **os.environ,
+        "PROXY_OPERATOR_KUBE_NAMESPACES": json.dumps([fleet.namespace]),
+        "PROXY_OPERATOR_KUBE_NAMESPACE": fleet.namespace,
+        "PROXY_OPERATOR_KUBE_IDENTITY": "replica-term",
+        "PROXY_OPERATOR_INSTALLATION": "e2e",
+    }
+    command = [str(Path(sys.executable).parent / "proxy-operator"), "serve", "--port", "0"]
+    with subprocess.Popen(
+        [*command, "--kubeconfig", str(fleet.kubeconfig), "--state-dir", str(fleet.root / "term")],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        try:
+            holder = lambda: request_json(fleet.api, "GET", lease)["spec"].get("holderIdentity")  # noqa: E731
+            asyncio.run(until(lambda: _exists(fleet, lease) and holder() == "replica-term", what="it leads"))
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+    assert process.returncode == 0, stderr[-2000:]
+    assert "stopped cleanly" in stderr
+    assert not holder(), "the Lease was not released"
+
+
+def _exists(fleet: ClusterFleet, path: str) -> bool:
+    try:
+        request_json(fleet.api, "GET", path)
+    except ApiException:
+        return False
+    return True
