@@ -2,7 +2,8 @@
 
 {"bind": "127.0.0.1", "port": 3128, "protocol": "http"|"socks5", "username": ..., "password": ...,
  "egress": {spec.egress by alias},
- "sources": [allowedSourceRanges]}; no username means no authentication.
+ "sources": [allowedSourceRanges], "control": "/state/dir/STEM.ctl" | null}; no username means no
+authentication. `control` is where the proxy listens for lease users (control.py); null: no lease users.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ class ProxyConfig:
     sources: tuple[str, ...] = ()  # CIDRs that may connect; empty: anyone who reaches the bind address
     username: str | None = None
     password: str | None = None
+    control: str | None = None  # the control socket's path
 
     @classmethod
     def read(cls, path: Path) -> ProxyConfig:
@@ -39,6 +41,7 @@ class ProxyConfig:
             sources=tuple(raw.get("sources") or ()),
             username=raw.get("username") or None,
             password=raw.get("password") or None,
+            control=raw.get("control") or None,
         )
 
     def admits(self, peer: str) -> bool:
@@ -57,6 +60,7 @@ class ProxyConfig:
             "sources": list(self.sources),
             "username": self.username,
             "password": self.password,
+            "control": self.control,
         }
 
     def write(self, path: Path) -> None:

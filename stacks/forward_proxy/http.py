@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
 import ipaddress
 
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.dial import DialError, Streams, dial, relay
+from stacks.forward_proxy.users import Gate
 
 PROXY_NAME = "proxy-operator"
 MAX_HEAD = 64 * 1024
@@ -33,10 +33,9 @@ def _reply(writer: asyncio.StreamWriter, status: int, headers: dict[str, str] | 
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
 
-def _authorized(headers: list[tuple[str, str]], config: ProxyConfig) -> bool:
-    if config.username is None:
+def _authorized(headers: list[tuple[str, str]], gate: Gate) -> bool:
+    if gate.open:
         return True
-    expected = f"{config.username}:{config.password}".encode()
     for name, value in headers:
         scheme, _, token = value.partition(" ")
         if name.lower() == "proxy-authorization" and scheme.lower() == "basic":
@@ -44,7 +43,8 @@ def _authorized(headers: list[tuple[str, str]], config: ProxyConfig) -> bool:
                 given = base64.b64decode(token.strip(), validate=True)
             except (binascii.Error, ValueError):
                 return False
-            return hmac.compare_digest(given, expected)
+            user, _, password = given.partition(b":")
+            return gate.admits(user, password)
     return False
 
 
@@ -105,7 +105,8 @@ async def _forward(
     await relay(client, upstream)
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, config: ProxyConfig) -> None:
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: Gate) -> None:
+    config = gate.config
     try:
         head = await reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError:
@@ -120,7 +121,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, con
     if not version.startswith("HTTP/"):
         _reply(writer, 400)
         return
-    if not _authorized(headers, config):
+    if not _authorized(headers, gate):
         _reply(writer, 407, {"Proxy-Authenticate": 'Basic realm="proxy"'})
         return
     if method.upper() != "CONNECT":

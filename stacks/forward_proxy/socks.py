@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import hmac
 import ipaddress
 import struct
 
-from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.dial import DialError, dial, relay
+from stacks.forward_proxy.users import Gate
 
 NO_AUTH, USER_PASS, NO_METHOD = 0x00, 0x02, 0xFF
 SUCCEEDED, COMMAND_NOT_SUPPORTED, ADDRESS_NOT_SUPPORTED = 0x00, 0x07, 0x08
@@ -18,12 +17,10 @@ def _reply(writer: asyncio.StreamWriter, code: int) -> None:
     writer.write(bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0]))
 
 
-async def _authenticate(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, config: ProxyConfig
-) -> bool:
+async def _authenticate(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: Gate) -> bool:
     version, count = await reader.readexactly(2)
     methods = await reader.readexactly(count)
-    wanted = NO_AUTH if config.username is None else USER_PASS
+    wanted = NO_AUTH if gate.open else USER_PASS
     if version != 5 or wanted not in methods:
         writer.write(bytes([5, NO_METHOD]))
         return False
@@ -33,8 +30,7 @@ async def _authenticate(
     _, user_length = await reader.readexactly(2)
     user = await reader.readexactly(user_length)
     password = await reader.readexactly((await reader.readexactly(1))[0])
-    expected = f"{config.username}:{config.password}".encode()
-    good = hmac.compare_digest(user + b":" + password, expected)
+    good = gate.admits(user, password)
     writer.write(bytes([1, 0 if good else 1]))
     return good
 
@@ -53,8 +49,8 @@ async def _destination(reader: asyncio.StreamReader) -> tuple[int, str | None, i
     return command, host, port
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, config: ProxyConfig) -> None:
-    if not await _authenticate(reader, writer, config):
+async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: Gate) -> None:
+    if not await _authenticate(reader, writer, gate):
         return
     command, host, port = await _destination(reader)
     if host is None:
@@ -64,7 +60,7 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, con
         _reply(writer, COMMAND_NOT_SUPPORTED)
         return
     try:
-        upstream = await dial(host, port, config.egress)
+        upstream = await dial(host, port, gate.config.egress)
     except DialError as exc:
         print(f"refused {host}:{port}: {exc}", flush=True)
         _reply(writer, exc.socks_reply)

@@ -4,6 +4,10 @@ The process is `stacks.forward_proxy` (HTTP + CONNECT, or SOCKS5): it enforces t
 address it connects to, and admits only `allowedSourceRanges` (when set). It starts with a minimal
 environment and reads its credentials and policy from a 0600 file in the state folder.
 
+A proxy with credentials also listens on a control socket in the state folder (`<stem>.ctl`, 0600), where
+the discovery service adds and revokes per-lease users at run time (`stacks/forward_proxy/control.py`); its
+path is the endpoint's `control` output.
+
 `read` reports the resource gone when the process died (or its pid now belongs to someone else), so
 `refresh` drops it from state and the next `up` starts it again. A change of port, protocol, bind address or
 credentials replaces the process (stop first: the new one wants the same port).
@@ -12,6 +16,7 @@ credentials replaces the process (stop first: the new one wants the same port).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,19 +24,27 @@ import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
 from stacks.forward_proxy.config import ProxyConfig
+from stacks.forward_proxy.control import socket_path
 from stacks.models import EgressSpec, LocalProvider
 from stacks.programs import local_process as proc
 from stacks.programs.component import ProxyEndpoint, child_opts
 from stacks.programs.context import ProgramSettings, ProxyContext
 
 REPLACE_ON = ("bind_address", "port", "protocol", "username", "password", "egress", "sources")
-RUNTIME_OUTPUTS = ("pid", "start_time", "log_path")
+RUNTIME_OUTPUTS = ("pid", "start_time", "log_path", "control")
 
 
 def _ref(props: dict[str, Any]) -> proc.ProcessRef | None:
     if props.get("pid") is None or props.get("start_time") is None:
         return None
     return proc.ProcessRef(pid=int(props["pid"]), start_time=int(props["start_time"]))
+
+
+def _control(props: dict[str, Any]) -> str | None:
+    """Lease users only where there is authentication to scope (no credentials: no channel)."""
+    if not props.get("username"):
+        return None
+    return socket_path(Path(props["state_dir"]), props["stem"])
 
 
 def _config(props: dict[str, Any]) -> ProxyConfig:
@@ -43,6 +56,7 @@ def _config(props: dict[str, Any]) -> ProxyConfig:
         sources=tuple(props.get("sources") or ()),
         username=props.get("username") or None,
         password=props.get("password") or None,
+        control=_control(props),
     )
 
 
@@ -54,11 +68,13 @@ class LocalProxyProvider(ResourceProvider):
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_path = state_dir / f"{props['stem']}.log"
         config_file = state_dir / f"{props['stem']}.json"
-        _config(props).write(config_file)
+        config = _config(props)
+        config.write(config_file)
         ref = proc.spawn(proc.proxy_command(config_file), log_path=log_path)
         host = proc.probe_host(props["bind_address"])
         proc.wait_until_listening(ref, host=host, port=int(props["port"]), log_path=log_path)
-        outs = {**props, "pid": ref.pid, "start_time": ref.start_time, "log_path": str(log_path)}
+        runtime = {"pid": ref.pid, "start_time": ref.start_time, "log_path": str(log_path)}
+        outs = {**props, **runtime, "control": config.control}
         return CreateResult(id_=f"{ref.pid}-{ref.start_time}", outs=outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
@@ -84,18 +100,33 @@ class LocalProxyProvider(ResourceProvider):
         if stem and props.get("state_dir"):
             for suffix in (".json", ".auth"):  # .auth: pproxy's file, from before the upgrade
                 Path(props["state_dir"], f"{stem}{suffix}").unlink(missing_ok=True)
+        if props.get("control"):  # the proxy removes it on a clean exit; not after a SIGKILL
+            Path(props["control"]).unlink(missing_ok=True)
 
 
 class LocalProxy(Resource, module="proxy-operator", name="LocalProxy"):
     pid: pulumi.Output[int]
     start_time: pulumi.Output[int]
     log_path: pulumi.Output[str]
+    control: pulumi.Output[str | None]
 
     def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
         outputs = {key: None for key in RUNTIME_OUTPUTS}
         secret = pulumi.ResourceOptions(additional_secret_outputs=["password"])
         super().__init__(
             LocalProxyProvider(), name, {**props, **outputs}, pulumi.ResourceOptions.merge(opts, secret)
+        )
+
+
+@dataclass(frozen=True)
+class LocalEndpoint(ProxyEndpoint):
+    """A local proxy's endpoint, plus where its control channel listens (None: no lease users)."""
+
+    control: pulumi.Input[str | None] = None
+
+    def to_output(self) -> pulumi.Output[dict[str, Any]]:
+        return pulumi.Output.all(super().to_output(), self.control).apply(
+            lambda values: {**values[0], "control": values[1]}
         )
 
 
@@ -119,8 +150,12 @@ def _proxy(entry: LocalProvider, ctx: ProxyContext, settings: ProgramSettings) -
         "sources": list(spec.allowed_source_ranges),
     }
     process = LocalProxy(ctx.proxy.key, props, child_opts(ctx.component))
-    return ProxyEndpoint(
-        host=proc.probe_host(bind), port=spec.port, protocol=spec.protocol.value, instance_id=process.id
+    return LocalEndpoint(
+        host=proc.probe_host(bind),
+        port=spec.port,
+        protocol=spec.protocol.value,
+        instance_id=process.id,
+        control=process.control,
     )
 
 

@@ -1,0 +1,129 @@
+"""The control channel: the discovery service adds, renews and revokes lease users on a running proxy.
+
+A unix socket in the proxy's state folder, mode 0600 in a 0700 folder: only the user that runs the service
+(and started the proxy) can connect, and the proxy itself only ever dials TCP, so no client can reach the
+channel through the proxy. One JSON object per line each way:
+
+    {"op": "add", "user": U, "password": P, "ttl": SECONDS}  -> {"ok": true}
+    {"op": "renew", "user": U, "ttl": SECONDS}               -> {"ok": true} | {"ok": false, "error": ...}
+    {"op": "revoke", "user": U}                              -> {"ok": true}   (idempotent)
+
+No Pulumi run is involved: users live in the proxy's memory only and end with it (a restarted proxy knows
+none, so its leases' credentials stop working: fail closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from stacks.forward_proxy.users import LeaseUsers, UsersFull
+
+MAX_LINE = 4096
+MAX_TTL = 7 * 86400.0
+MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
+class ControlError(Exception):
+    """The proxy could not be reached, or refused the request."""
+
+
+def _field(request: dict[str, Any], name: str) -> str:
+    value = request.get(name)
+    if not isinstance(value, str) or not 0 < len(value) <= 255 or ":" in value or not value.isprintable():
+        raise ValueError(f"{name}: 1 to 255 printable characters without ':'")
+    return value
+
+
+def _ttl(request: dict[str, Any]) -> float:
+    ttl = request.get("ttl")
+    if not isinstance(ttl, int | float) or not math.isfinite(ttl) or not 0 < ttl <= MAX_TTL:
+        raise ValueError(f"ttl: seconds, more than 0 and at most {MAX_TTL:.0f}")
+    return float(ttl)
+
+
+def apply(users: LeaseUsers, request: dict[str, Any]) -> dict[str, Any]:
+    """One request against `users`; the answer to send back."""
+    try:
+        op = request.get("op")
+        if op == "add":
+            users.add(_field(request, "user"), _field(request, "password"), ttl=_ttl(request))
+        elif op == "renew":
+            if not users.renew(_field(request, "user"), ttl=_ttl(request)):
+                return {"ok": False, "error": "unknown or ended user"}
+        elif op == "revoke":
+            users.revoke(_field(request, "user"))
+        else:
+            return {"ok": False, "error": f"unknown op {op!r}"}
+    except (ValueError, UsersFull) as exc:
+        return {"ok": False, "error": str(exc)}
+    return {"ok": True}
+
+
+async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, users: LeaseUsers) -> None:
+    try:
+        while line := await reader.readline():
+            try:
+                request = json.loads(line)
+                answer = apply(users, request) if isinstance(request, dict) else {"ok": False}
+            except ValueError:
+                answer = {"ok": False, "error": "one JSON object per line"}
+            writer.write(json.dumps(answer).encode() + b"\n")
+            await writer.drain()
+    except (ConnectionError, ValueError):  # ValueError: a line past MAX_LINE
+        pass
+    finally:
+        writer.close()
+
+
+async def start(path: str, users: LeaseUsers) -> asyncio.Server:
+    """Listen on `path` (a stale socket from a dead process is replaced), mode 0600 from the start."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    umask = os.umask(0o177)  # no window in which the socket is wider than 0600
+    try:
+        server = await asyncio.start_unix_server(lambda r, w: _session(r, w, users), path, limit=MAX_LINE)
+    finally:
+        os.umask(umask)
+    os.chmod(path, 0o600)
+    return server
+
+
+def socket_path(state_dir: Path, stem: str) -> str | None:
+    """Where a proxy's control socket lives: `<stem>.ctl`, or a hash of the stem when that path is too long
+    for a unix socket; None when even that is (a very deep state folder: no lease-scoped credentials)."""
+    for name in (stem, hashlib.sha256(stem.encode()).hexdigest()[:16]):
+        path = str(state_dir / f"{name}.ctl")
+        if len(path.encode()) <= MAX_PATH:
+            return path
+    return None
+
+
+async def call(path: str, request: dict[str, Any], *, wait: float) -> None:
+    """Send one request, wait for its answer; a ControlError unless the proxy said ok."""
+    try:
+        async with asyncio.timeout(wait):
+            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE)
+            try:
+                writer.write(json.dumps(request).encode() + b"\n")
+                await writer.drain()
+                line = await reader.readline()
+            finally:
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+    except (OSError, TimeoutError) as exc:
+        raise ControlError(f"control channel {path}: {exc or type(exc).__name__}") from exc
+    try:
+        answer = json.loads(line)
+    except ValueError as exc:
+        raise ControlError(f"control channel {path}: no answer") from exc
+    if not isinstance(answer, dict) or answer.get("ok") is not True:
+        error = answer.get("error") if isinstance(answer, dict) else answer
+        raise ControlError(f"control channel {path}: {error}")

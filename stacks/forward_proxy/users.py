@@ -1,0 +1,92 @@
+"""Who may use the proxy: its static credentials, and per-lease users added and revoked at run time.
+
+Lease users come from the discovery service over the control channel (`control.py`). Each carries its own
+end: past it the user no longer authenticates, whether or not a revoke arrives, so a lost revoke cannot keep
+access alive. Passwords are kept as SHA-256 digests: they are 128-bit random strings, so a slow hash would
+add nothing but cost per request. Deadlines run on the monotonic clock: no agreement with the service's
+wall clock is needed (the service sends a ttl, not a date).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stacks.forward_proxy.config import ProxyConfig
+
+MAX_USERS = 100_000  # bounded memory: far above the leases one proxy can hold at once
+
+
+class UsersFull(Exception):
+    """MAX_USERS live users already: the service is leaking users or something else writes them."""
+
+
+def _digest(password: bytes) -> bytes:
+    return hashlib.sha256(password).digest()
+
+
+@dataclass
+class LeaseUsers:
+    clock: Callable[[], float] = time.monotonic
+    _users: dict[bytes, tuple[bytes, float]] = field(default_factory=dict)
+
+    def add(self, user: str, password: str, *, ttl: float) -> None:
+        """Admit `user` for `ttl` seconds from now (a second add replaces the password and the end)."""
+        if len(self._users) >= MAX_USERS:
+            self._purge()
+            if len(self._users) >= MAX_USERS:
+                raise UsersFull(f"{MAX_USERS} lease users are live")
+        self._users[user.encode()] = (_digest(password.encode()), self.clock() + ttl)
+
+    def renew(self, user: str, *, ttl: float) -> bool:
+        """Move a live user's end to `ttl` seconds from now; False when it is unknown or already ended."""
+        key = user.encode()
+        entry = self._users.get(key)
+        if entry is None or entry[1] <= self.clock():
+            self._users.pop(key, None)
+            return False
+        self._users[key] = (entry[0], self.clock() + ttl)
+        return True
+
+    def revoke(self, user: str) -> None:
+        self._users.pop(user.encode(), None)  # idempotent: a retried revoke is no error
+
+    def check(self, user: bytes, password: bytes) -> bool:
+        entry = self._users.get(user)
+        if entry is None:
+            return False
+        if entry[1] <= self.clock():
+            del self._users[user]  # ended on its own
+            return False
+        return hmac.compare_digest(_digest(password), entry[0])
+
+    def __len__(self) -> int:
+        return len(self._users)
+
+    def _purge(self) -> None:
+        now = self.clock()
+        for user in [u for u, (_, end) in self._users.items() if end <= now]:
+            del self._users[user]
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The one authentication decision, shared by HTTP Basic and SOCKS5 user/password."""
+
+    config: ProxyConfig
+    users: LeaseUsers
+
+    @property
+    def open(self) -> bool:
+        """No static credentials: no authentication at all (loopback only, see the model's rules)."""
+        return self.config.username is None
+
+    def admits(self, user: bytes, password: bytes) -> bool:
+        if self.open:
+            return True
+        expected = f"{self.config.username}:{self.config.password}".encode()
+        static = hmac.compare_digest(user + b":" + password, expected)
+        return self.users.check(user, password) or static
