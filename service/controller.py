@@ -535,4 +535,5 @@ def endpoint_of(
         username=creds.get("username"),
         password=creds.get("password"),
         stack=stack,
+        control=out.get("control"),  # local proxies: where lease users are pushed (docs/security.md)
     )

@@ -36,6 +36,7 @@ class ProxyEndpoint:
     username: str | None = None
     password: str | None = field(default=None, repr=False)
     stack: str | None = None
+    control: str | None = None  # the proxy's lease-user control channel; None: leases share its credentials
 
     @property
     def has_address(self) -> bool:

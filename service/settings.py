@@ -79,6 +79,12 @@ class DiscoverySettings(BaseSettings):
         "send a body at all (else 401, before any of it is read).",
     )
 
+    lease_scoped_credentials: bool = Field(
+        True,
+        description="A lease on a proxy that can add users at run time (local) gets a user of its own, "
+        "revoked at release and ended by the proxy at expiry; false: leases get the proxy's credentials.",
+    )
+
     @model_validator(mode="after")
     def _redis_needs_url(self) -> DiscoverySettings:
         if self.store == "redis" and not self.redis_url:

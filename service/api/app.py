@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI
@@ -30,6 +32,25 @@ DESCRIPTION = (
 )
 
 
+def _with_sweeper(discovery: DiscoveryService, lifespan: Any) -> Any:
+    """The caller's lifespan, with discovery's lease-user sweeper running for as long as the app serves."""
+
+    @asynccontextmanager
+    async def wrapped(app: FastAPI) -> AsyncIterator[Any]:
+        sweeper = asyncio.create_task(discovery.sweeper(), name="lease-user-sweeper")
+        try:
+            if lifespan is None:
+                yield None
+            else:
+                async with lifespan(app) as state:
+                    yield state
+        finally:
+            sweeper.cancel()
+            await asyncio.gather(sweeper, return_exceptions=True)
+
+    return wrapped
+
+
 def create_app(
     *,
     inventory: Inventory,
@@ -48,7 +69,7 @@ def create_app(
         title="proxy-operator discovery API",
         version="v1",
         description=DESCRIPTION,
-        lifespan=lifespan,
+        lifespan=_with_sweeper(discovery, lifespan),
     )
     app.state.context = ApiContext(
         inventory=inventory,

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from urllib.parse import quote
 
 from service.api.models import HealthOut, LeasedProxy, PenaltyOut, ProxyDetail, ProxyOut
+from service.discovery.lease_users import LeaseUser
 from service.discovery.store import LeaseRecord, Penalty
 from service.inventory import Health, ProxyEndpoint
 
@@ -15,11 +16,11 @@ def timestamp(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
-def proxy_url(endpoint: ProxyEndpoint) -> str:
+def proxy_url(endpoint: ProxyEndpoint, *, username: str | None, password: str | None) -> str:
     host = f"[{endpoint.host}]" if endpoint.host and ":" in endpoint.host else endpoint.host
     auth = ""
-    if endpoint.username is not None:
-        auth = f"{quote(endpoint.username, safe='')}:{quote(endpoint.password or '', safe='')}@"
+    if username is not None:
+        auth = f"{quote(username, safe='')}:{quote(password or '', safe='')}@"
     return f"{endpoint.protocol}://{auth}{host}:{endpoint.port}"
 
 
@@ -62,20 +63,25 @@ def proxy_detail(base: ProxyOut, penalties: list[Penalty]) -> ProxyDetail:
     )
 
 
-def leased(lease: LeaseRecord, *, endpoint: ProxyEndpoint, health: Health) -> LeasedProxy:
+def leased(
+    lease: LeaseRecord, *, endpoint: ProxyEndpoint, health: Health, user: LeaseUser | None
+) -> LeasedProxy:
+    """The lease's own user when it has one (the proxy's credentials then never leave the service)."""
     # only addressed proxies are candidates
     assert endpoint.host is not None
     assert endpoint.port is not None
+    username, password = (user.username, user.password) if user else (endpoint.username, endpoint.password)
     return LeasedProxy(
         lease_id=lease.lease_id,
         expires_at=timestamp(lease.expires_at),
         key=endpoint.key,
-        url=proxy_url(endpoint),
+        url=proxy_url(endpoint, username=username, password=password),
         host=endpoint.host,
         port=endpoint.port,
         protocol="socks5" if endpoint.protocol == "socks5" else "http",
-        username=endpoint.username,
-        password=endpoint.password,
+        username=username,
+        password=password,
+        credentials_scope="lease" if user else "proxy",
         pool=endpoint.pool,
         provider=endpoint.provider,
         egress_ip=health.egress_ip,

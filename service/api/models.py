@@ -92,6 +92,10 @@ class LeasedProxy(_Out):
     protocol: Literal["http", "socks5"]
     username: str | None
     password: str | None
+    credentials_scope: Literal["lease", "proxy"] = Field(
+        description="`lease`: the credentials are this lease's own, refused once it is released or expired; "
+        "`proxy`: the proxy's own, shared by every lease on it and valid beyond this one (docs/api.md)."
+    )
     pool: str | None
     provider: str
     egress_ip: str | None

@@ -2,11 +2,15 @@
 
 Eligible = healthy + addressed + matching the filters (from the inventory), not held or cooling down for this
 client and target, and not penalised for this target (both in the store, decided atomically there).
+A lease on a proxy with a control channel is answered only once its own user is on the proxy
+(`lease_users.py`); release, renewal and expiry follow it there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import logging
 import math
 import random
 import time
@@ -16,6 +20,7 @@ from dataclasses import dataclass, field
 
 from service.discovery.candidates import Candidates
 from service.discovery.errors import LeaseNotFound, NoProxyAvailable, SessionLost
+from service.discovery.lease_users import SWEEP_SECONDS, LeaseUser, LeaseUsers
 from service.discovery.limits import lease_ttl
 from service.discovery.observer import DiscoveryObserver
 from service.discovery.reports import ANY_TARGET, ReportOutcome, Reports
@@ -25,6 +30,7 @@ from service.inventory import Inventory
 from service.settings import DiscoverySettings
 
 POLL_SECONDS = 1.0  # a waiter re-checks at least this often: other replicas' releases do not wake it
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class LeaseGrant:
     session: str | None = None
     rebound: bool = False
     previous_proxy: str | None = None
+    users: Mapping[str, LeaseUser] = field(default_factory=dict)  # lease id -> its own user, when scoped
 
 
 class DiscoveryService:
@@ -62,6 +69,7 @@ class DiscoveryService:
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         on_error_report: Callable[[str], None] | None = None,
         no_candidate_retry: float = 10.0,
+        lease_users: LeaseUsers | None = None,
     ) -> None:
         self.inventory = inventory
         self.store = store
@@ -73,6 +81,9 @@ class DiscoveryService:
         self._waiter = Waiter()
         self._candidates = Candidates(inventory)
         self.observer: DiscoveryObserver | None = None  # pools: hand-outs, unmet requests, ban reports
+        self.lease_users = lease_users or LeaseUsers(
+            inventory=inventory, enabled=settings.lease_scoped_credentials
+        )
         inventory.add_listener(self._waiter.notify)
         self._reports = Reports(
             inventory=inventory,
@@ -91,7 +102,7 @@ class DiscoveryService:
         while True:
             generation = self._waiter.generation
             try:
-                return await self._lease_once(query)
+                return await self._with_users(await self._lease_once(query))
             except NoProxyAvailable as exc:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
@@ -100,6 +111,24 @@ class DiscoveryService:
                     raise
                 timeout = min(remaining, max(exc.retry_after, 0.01), POLL_SECONDS)
                 await self._waiter.wait(generation, seconds=timeout)
+
+    async def _with_users(self, grant: LeaseGrant) -> LeaseGrant:
+        """Each scoped lease with its own user on the proxy; a lease whose push failed is released (its
+        cooldown keeps that proxy away from this client and target) and left out of the answer."""
+        now = self._clock()
+        users, failed = await self.lease_users.issue(grant.leases, now=now)
+        for lease in failed:
+            await self.store.release(lease.lease_id, now=now, cooldown=self.settings.cooldown_seconds)
+        if not failed:
+            return dataclasses.replace(grant, users=users)
+        kept = [lease for lease in grant.leases if lease not in failed]
+        if not kept:
+            raise NoProxyAvailable(
+                "the proxies picked did not accept a lease user in time; others are tried while `wait` lasts",
+                reason="lease_user_failed",
+                retry_after=POLL_SECONDS,
+            )
+        return dataclasses.replace(grant, leases=kept, users=users)
 
     async def _lease_once(self, query: LeaseQuery) -> LeaseGrant:
         now = self._clock()
@@ -185,6 +214,7 @@ class DiscoveryService:
         )
         if released is None:
             raise LeaseNotFound(f"lease {lease_id!r} already ended (expired or released)")
+        await self.lease_users.revoke(released)
         self._waiter.notify()
         return released
 
@@ -202,6 +232,7 @@ class DiscoveryService:
         )
         if renewed is None:
             raise LeaseNotFound(f"lease {lease_id!r} already ended (expired or released): lease again")
+        await self.lease_users.extend(renewed, now=now)
         if self.observer is not None:
             self.observer.renewed(renewed)
         if renewed.expires_at < lease.expires_at:  # shortened: its hold may end sooner
@@ -227,3 +258,12 @@ class DiscoveryService:
 
     def notify(self) -> None:
         self._waiter.notify()
+
+    async def sweeper(self) -> None:
+        """Until cancelled: revoke the users of leases that ended by expiry (the proxies end them too)."""
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                await self.lease_users.sweep(now=self._clock(), lookup=self.store.get_lease)
+            except Exception:  # a store hiccup: the next round retries; the proxies' own ends still hold
+                log.exception("lease user sweep failed")

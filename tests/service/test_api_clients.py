@@ -58,6 +58,7 @@ class FakeRequest:
 @dataclass
 class FakeResponse:
     status: int
+    headers: dict[str, str] = field(default_factory=dict)  # a site's answer: no Proxy-Status
 
 
 def test_the_scrapy_middleware_leases_reports_bans_and_rotates(

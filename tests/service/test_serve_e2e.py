@@ -51,8 +51,12 @@ def test_serve_provisions_probes_and_leases(pulumi_env: PulumiEnv, tmp_path: Pat
                 bare = f"http://127.0.0.1:{lease['leases'][0]['port']}"
                 async with httpx.AsyncClient(proxy=bare, timeout=10) as anonymous:
                     assert (await anonymous.get(f"{base}/v1/echo")).status_code == 407
+                # Its own user, pushed to the socket the stack's outputs name; refused after the release.
+                assert lease["leases"][0]["credentialsScope"] == "lease"
                 released = await client.delete(f"/v1/leases/{lease['leases'][0]['leaseId']}", headers=headers)
                 assert released.status_code in (200, 204)
+                async with httpx.AsyncClient(proxy=proxy_url, timeout=10) as after:
+                    assert (await after.get(f"{base}/v1/echo")).status_code == 407
                 proxies = (await client.get("/v1/proxies", headers=headers)).json()
                 assert sorted(p["key"] for p in proxies["items"]) == ["crawl/p0", "crawl/p1"]
                 leased = lease["leases"][

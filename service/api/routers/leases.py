@@ -73,7 +73,9 @@ def _response(grant: LeaseGrant, *, query: LeaseQuery, granted: Granted, ctx: Co
     for lease in grant.leases:
         endpoint = ctx.inventory.get(lease.proxy)
         if endpoint is not None and endpoint.has_address:  # removed in the last instant: leave it out
-            items.append(leased(lease, endpoint=endpoint, health=ctx.inventory.health(lease.proxy)))
+            health = ctx.inventory.health(lease.proxy)
+            user = grant.users.get(lease.lease_id)
+            items.append(leased(lease, endpoint=endpoint, health=health, user=user))
     return LeaseResponse(
         leases=items,
         target=query.target,
