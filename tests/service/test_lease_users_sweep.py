@@ -1,0 +1,86 @@
+"""The sweeper's decisions (service/discovery/lease_users.py) against the real memory store, with the
+proxy's control channel recorded: a lease renewed on another replica is moved on, not revoked; an expired
+or released one is revoked; a proxy that never acknowledged is not answered and not swept."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from service.discovery.lease_users import LeaseUsers
+from service.discovery.memory import MemoryStore
+from service.discovery.store import AcquireRequest
+from service.inventory import Inventory
+from stacks.forward_proxy.control import ControlError
+from tests.service.conftest import endpoint
+
+NOW = 1_800_000_000.0
+
+
+class Channel:
+    """What reached each proxy's control socket; `down` proxies refuse."""
+
+    def __init__(self, down: frozenset[str] = frozenset()) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.down = down
+
+    async def __call__(self, path: str, request: dict[str, Any], *, wait: float) -> None:
+        if path in self.down:
+            raise ControlError(f"{path}: gone")
+        self.sent.append((request["op"], request["user"]))
+
+
+def setup(down: frozenset[str] = frozenset()) -> tuple[LeaseUsers, MemoryStore, Channel]:
+    inventory = Inventory()
+    inventory.replace_all([endpoint(n, control=f"/run/{n}.ctl") for n in ("a", "b")])
+    channel = Channel(down)
+    return LeaseUsers(inventory=inventory, enabled=True, call=channel), MemoryStore(), channel
+
+
+async def acquire(store: MemoryStore, *ids: str) -> list[Any]:
+    request = AcquireRequest(
+        client="c",
+        target="*",
+        candidates=["default/a", "default/b"],
+        count=len(ids),
+        ttl=60,
+        cooldown=0,
+        lease_ids=list(ids),
+    )
+    return (await store.acquire(request, now=NOW)).leases
+
+
+def test_the_sweep_revokes_ended_leases_and_moves_renewed_ones_on() -> None:
+    async def scenario() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+        users, store, channel = setup()
+        leases = await acquire(store, "l1", "l2")
+        issued, failed = await users.issue(leases, now=NOW)
+        assert (sorted(issued), failed) == (["l1", "l2"], [])
+        await store.renew("l2", now=NOW + 30, ttl=120, cooldown=0)  # on another replica: not told here
+        channel.sent.clear()
+        await users.sweep(now=NOW + 61, lookup=store.get_lease)
+        first = list(channel.sent)
+        channel.sent.clear()
+        await users.sweep(now=NOW + 151, lookup=store.get_lease)
+        return first, channel.sent
+
+    first, later = asyncio.run(scenario())
+    assert first == [("revoke", "lease-l1")]  # l2 was renewed elsewhere: moved on, kept
+    assert later == [("revoke", "lease-l2")]
+
+
+def test_a_lease_whose_push_failed_gets_no_user_and_is_not_swept() -> None:
+    async def scenario() -> tuple[dict[str, str], set[str], list[str], list[tuple[str, str]]]:
+        users, store, channel = setup(down=frozenset({"/run/b.ctl"}))
+        leases = await acquire(store, "l1", "l2")
+        issued, failed = await users.issue(leases, now=NOW)
+        channel.sent.clear()
+        await users.sweep(now=NOW + 61, lookup=store.get_lease)
+        proxies = {lease.lease_id: lease.proxy for lease in leases}
+        return proxies, set(issued), [lease.lease_id for lease in failed], channel.sent
+
+    proxies, issued, failed, swept = asyncio.run(scenario())
+    on_a = next(lease_id for lease_id, proxy in proxies.items() if proxy == "default/a")
+    on_b = next(lease_id for lease_id, proxy in proxies.items() if proxy == "default/b")
+    assert (issued, failed) == ({on_a}, [on_b])
+    assert swept == [("revoke", f"lease-{on_a}")]
