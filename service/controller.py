@@ -11,7 +11,6 @@ events. The loop survives any error of one pass (logged with its traceback, trie
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -82,6 +81,9 @@ class Controller:
         self._applied_hash: dict[str, str] = {}  # key -> the spec hash its stack last applied
         self._forced = 0  # requested runs so far: part of their stacks' hints, so each one is a new input
         self.loop_error: str | None = None  # the last pass's failure, None while the loop is well
+        self.wake = (
+            asyncio.Event()
+        )  # set (thread-safely, by the source) to poll now instead of at the next tick
 
     @property
     def backend_seen(self) -> bool:
@@ -174,14 +176,16 @@ class Controller:
     async def run(self, stop: asyncio.Event) -> None:
         """Watch the source until `stop` is set; request drift checks every resync interval. A pass that
         fails is logged with its traceback and tried again; `loop_error` says so meanwhile (/readyz)."""
+        loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()
         await self._pass(self.start)
         resync = self.settings.resync_seconds
-        next_resync = asyncio.get_running_loop().time() + resync if resync else None
+        next_resync = loop.time() + resync if resync else None
         while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.settings.poll_seconds)
+            await _first(stop, self.wake, seconds=self.settings.poll_seconds)
+            self.wake.clear()
             await self._pass(self._poll_once)
-            if next_resync is not None and asyncio.get_running_loop().time() >= next_resync:
+            if next_resync is not None and loop.time() >= next_resync:
                 self.request_resync()
                 next_resync += resync
 
@@ -511,6 +515,16 @@ class Controller:
                 message=error.message,
                 warning=True,
             )
+
+
+async def _first(*events: asyncio.Event, seconds: float) -> None:
+    """Return when any of `events` is set, or after `seconds`."""
+    waits = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waits, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
 
 
 def _condition(status: StatusBoard, key: str, type_: str) -> str | None:

@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 SYNC_TIMEOUT = 60.0  # the first list of every watched kind; then the service runs and says what is missing
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed while a watch thread still ran
+        loop.call_soon_threadsafe(callback)
+
+
 class ClusterMode:
     """What `serve` runs in a cluster: the same face as a `Controller` to the API and the health sink."""
 
@@ -176,6 +181,9 @@ class ClusterMode:
         )
         self._term_stop = asyncio.Event()
         self._term = asyncio.create_task(self.controller.run(self._term_stop), name=f"term-{self.terms}")
+        loop, controller = asyncio.get_running_loop(), self.controller
+        # A change in the cluster wakes the loop at once (watch threads call this): no poll tick of latency.
+        self.source.on_change = lambda: _call_soon(loop, controller.wake.set)
         if self._prober is not None:
             self._probing = asyncio.create_task(self._prober(), name="prober")
         self._start_pools()
@@ -195,6 +203,7 @@ class ClusterMode:
     async def _follow(self) -> None:
         """The term ends: stop probing, stop the loop, interrupt running operations, stop writing."""
         self.source.set_writes(False)
+        self.source.on_change = lambda: None
         await self._stop_pools()
         if self._probing is not None:
             self._probing.cancel()

@@ -41,7 +41,7 @@ from service.kube.watch import Obj, Watcher
 from service.sources.contract import Hold, SourceChange
 from stacks.catalogue import CatalogueFormatError, parse_catalogue
 from stacks.models import API_VERSION, KIND, ProviderCatalogue, Proxy
-from stacks.models.conditions import Reason
+from stacks.models.conditions import ConditionType, Reason
 from stacks.problems import Problem
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,17 @@ def slim_proxy(obj: Obj) -> Obj:
     }
     kept["labels"] = meta.get("labels") or {}
     kept["annotations"] = annotations
-    return {"metadata": kept, "spec": obj.get("spec") or {}, "status": obj.get("status") or {}}
+    return {"metadata": kept, "spec": obj.get("spec") or {}, "status": _slim_status(obj.get("status") or {})}
+
+
+def _slim_status(status: Obj) -> Obj:
+    """What a follower serves from and a new leader continues from: where it serves, its stack and egress
+    address, and the Healthy condition (the rest is the leader's own, in its board)."""
+    kept: Obj = {k: status[k] for k in ("address", "stack", "egressIP") if k in status}
+    healthy = [c for c in status.get("conditions") or [] if c.get("type") == ConditionType.HEALTHY]
+    if healthy:
+        kept["conditions"] = healthy
+    return kept
 
 
 def _object(obj: Obj) -> ProxyObject:
@@ -435,6 +445,7 @@ class KubernetesSource:
 
     def _proxy_event(self, kind: str, raw: Obj) -> None:
         obj = _object(raw)
+        dirtied = True
         with self._lock:
             if kind == "DELETED":
                 self._objects.pop(obj.key, None)
@@ -442,9 +453,11 @@ class KubernetesSource:
             elif self._objects.get(obj.key) != obj:
                 previous = self._objects.get(obj.key)
                 self._objects[obj.key] = obj
-                if previous is None or _reconciled_parts(previous) != _reconciled_parts(obj):
+                dirtied = previous is None or _reconciled_parts(previous) != _reconciled_parts(obj)
+                if dirtied:
                     self._dirty.add(obj.key)
-        self.on_change()
+        if dirtied:  # not our own status writes: they change nothing to reconcile
+            self.on_change()
 
     def _catalogue_list(self, items: list[Obj]) -> None:
         with self._lock:

@@ -175,6 +175,8 @@ def test_an_invalid_object_is_held_with_its_reason(kube_client, namespace, make_
     source = make_source()
     created = create(kube_client, proxy_doc(namespace, "p1"))
     poll_until(source, lambda c: bool(c.upserts))
+    # The finalizer's own MODIFIED event must be in before the injected one, or it would overwrite it.
+    wait_for(lambda: (obj := source.object(f"{namespace}/p1")) is not None and obj.finalized)
     created["spec"]["port"] = 0
     source._proxy_event("MODIFIED", slim_proxy(created))
     change = poll_until(source, lambda c: f"{namespace}/p1" in c.held)
