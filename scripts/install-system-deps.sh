@@ -34,6 +34,10 @@ tests() {
   want pgrep procps "the real-engine tests find the local proxies they started"
   want ssh-keygen openssh-client "tests/stacks/test_kvm_ssh_secret.py makes a test key"
   want openssl openssl "tests/service/test_health_probe.py makes a self-signed certificate"
+  want nft nftables "tests/security/test_netns_egress.py loads the VMs' egress rules in a network namespace"
+  want ip iproute2 "tests/security/test_netns_egress.py gives the namespace its test-owned addresses"
+  want unshare util-linux "tests/security/test_netns_egress.py makes the network namespace"
+  want setpriv util-linux "tests/security/test_netns_egress.py connects as the proxy daemon's user"
 }
 
 case "${1:-}" in

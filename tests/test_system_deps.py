@@ -11,7 +11,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "install-system-deps.sh"
-TEST_PROGRAMS = {"redis-server", "pgrep", "ssh-keygen", "openssl"}
+TEST_PROGRAMS = {"redis-server", "pgrep", "ssh-keygen", "openssl", "nft", "ip", "unshare", "setpriv"}
 
 
 def _stub(folder: Path, name: str, body: str = "exit 0") -> None:

@@ -19,17 +19,23 @@ import pytest
 from tests.conftest import ROOT
 
 
-def _namespaces_work() -> bool:
-    if not all(shutil.which(tool) for tool in ("unshare", "ip", "nft", "setpriv")):
-        return False
-    return subprocess.run(["unshare", "--net", "true"], capture_output=True, check=False).returncode == 0
-
-
-pytestmark = pytest.mark.skipif(not _namespaces_work(), reason="needs root, unshare, ip, nft and setpriv")
+def _namespaces_fail() -> str | None:
+    """Why a network namespace cannot be made here, None when it can. A missing tool is a broken install
+    (`make test-deps` installs nftables, iproute2, util-linux): the tests fail, they never skip."""
+    missing = [tool for tool in ("unshare", "ip", "nft", "setpriv") if not shutil.which(tool)]
+    if missing:
+        return f"missing {', '.join(missing)}: run `make test-deps` (scripts/install-system-deps.sh test)"
+    done = subprocess.run(["unshare", "--net", "true"], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        return f"`unshare --net` refused ({done.stderr.strip()}): these tests need root"
+    return None
 
 
 @pytest.fixture(scope="module")
 def outcomes() -> dict[str, object]:
+    why = _namespaces_fail()
+    if why is not None:
+        pytest.fail(why, pytrace=False)
     command = ["unshare", "--net", sys.executable, "-m", "tests.security.netns_probe"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
