@@ -47,7 +47,7 @@ def test_nothing_missing_does_nothing(tmp_path: Path) -> None:
 
 
 def test_missing_test_programs_are_installed_as_root(tmp_path: Path) -> None:
-    log, env = _machine(tmp_path, present={"pgrep", "openssl"})
+    log, env = _machine(tmp_path, present=TEST_PROGRAMS - {"redis-server", "ssh-keygen"})
     result = _run(env, "test")
     assert result.returncode == 0, result.stderr
     assert "missing redis-server (Debian package redis-server)" in result.stdout
@@ -64,7 +64,7 @@ def test_base_does_not_install_what_only_tests_need(tmp_path: Path) -> None:
 
 
 def test_without_root_it_names_the_packages_and_the_command(tmp_path: Path) -> None:
-    log, env = _machine(tmp_path, present={"pgrep", "ssh-keygen", "openssl"}, uid=1000)
+    log, env = _machine(tmp_path, present=TEST_PROGRAMS - {"redis-server"}, uid=1000)
     result = _run(env, "test")
     assert result.returncode == 1
     assert "missing redis-server (Debian package redis-server)" in result.stdout
