@@ -14,12 +14,16 @@ from pulumi.runtime import rpc
 
 from stacks.models import KubernetesProvider
 from stacks.programs.context import ProgramSettings
+from tests.stacks.conftest import current_event_loop  # noqa: F401 (the fixture, used below)
 from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
 
 SECRET = "kubernetes:core/v1:Secret"
 POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
 ENTRY = KubernetesProvider(name="in-cluster", type="kubernetes", namespace="proxies")
 SETTINGS = ProgramSettings(stack="in-cluster", root_dir="/tmp")
+
+# Pulumi mocks need a current event loop, which an asyncio.run elsewhere in the run takes away.
+pytestmark = pytest.mark.usefixtures("current_event_loop")
 
 
 @pytest.fixture

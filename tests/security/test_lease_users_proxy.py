@@ -12,10 +12,8 @@ import asyncio
 import os
 import socket
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,36 +22,15 @@ import pytest
 
 from stacks.forward_proxy import control
 from stacks.programs.local import LocalProxyProvider
+from tests.security.loopback_site import free_port, serve_page
 
 PAGE = b"through the proxy\n"
 
 
-class _Page(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PAGE)))
-        self.end_headers()
-        self.wfile.write(PAGE)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def site() -> Iterator[int]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, name="site", daemon=True)
-    thread.start()
-    yield int(server.server_address[1])
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serve_page(PAGE) as port:
+        yield port
 
 
 Start = Callable[..., dict[str, Any]]
