@@ -177,7 +177,6 @@ class Controller:
         """Watch the source until `stop` is set; request drift checks every resync interval. A pass that
         fails is logged with its traceback and tried again; `loop_error` says so meanwhile (/readyz)."""
         loop = asyncio.get_running_loop()
-        self.wake = asyncio.Event()
         await self._pass(self.start)
         resync = self.settings.resync_seconds
         next_resync = loop.time() + resync if resync else None

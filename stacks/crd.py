@@ -146,40 +146,40 @@ def _template_rules() -> dict[tuple[str, ...], list[dict[str, str]]]:
 
 
 def pool_schema() -> dict[str, Any]:
-    spec = structural(ProxyPoolSpec.model_json_schema(by_alias=True, mode="validation"))
-    spec = with_field_rules(spec, _template_rules())
-    name = structural(ObjectMeta.model_json_schema(by_alias=True, mode="validation")["properties"]["name"])
-    status = structural(ProxyPoolStatus.model_json_schema(by_alias=True, mode="validation"))
-    spec["description"] = "A template, a placement over providers and a count of child Proxies."
-    status["description"] = "What the service observed; written by proxy-operator only."
-    return {
-        "type": "object",
-        "description": "A pool of Proxies that proxy-operator expands, spreads, rotates and scales.",
-        "required": ["spec"],
-        "properties": {
-            "apiVersion": {"type": "string"},
-            "kind": {"type": "string"},
-            "metadata": {"type": "object", "properties": {"name": name}},
-            "spec": spec,
-            "status": status,
-        },
-    }
+    return _object_schema(
+        spec=with_field_rules(
+            structural(ProxyPoolSpec.model_json_schema(by_alias=True, mode="validation")), _template_rules()
+        ),
+        status=structural(ProxyPoolStatus.model_json_schema(by_alias=True, mode="validation")),
+        spec_description="A template, a placement over providers and a count of child Proxies.",
+        description="A pool of Proxies that proxy-operator expands, spreads, rotates and scales.",
+    )
 
 
 def open_api_schema() -> dict[str, Any]:
-    spec = with_field_rules(structural(ProxySpec.model_json_schema(by_alias=True, mode="validation")))
+    return _object_schema(
+        spec=with_field_rules(structural(ProxySpec.model_json_schema(by_alias=True, mode="validation"))),
+        status=structural(ProxyStatus.model_json_schema(by_alias=True, mode="validation")),
+        spec_description="What to run: the provider instance, port, protocol, auth and source ranges.",
+        description="A forward proxy for crawlers, provisioned by proxy-operator through Pulumi.",
+    )
+
+
+def _object_schema(
+    *, spec: dict[str, Any], status: dict[str, Any], spec_description: str, description: str
+) -> dict[str, Any]:
+    """A kind's schema: its spec and status, and a name that is a DNS label (ObjectMeta)."""
     name = structural(ObjectMeta.model_json_schema(by_alias=True, mode="validation")["properties"]["name"])
-    status = structural(ProxyStatus.model_json_schema(by_alias=True, mode="validation"))
-    spec["description"] = "What to run: the provider instance, port, protocol, auth and source ranges."
+    spec["description"] = spec_description
     status["description"] = "What the service observed; written by proxy-operator only."
     return {
         "type": "object",
-        "description": "A forward proxy for crawlers, provisioned by proxy-operator through Pulumi.",
+        "description": description,
         "required": ["spec"],
         "properties": {
             "apiVersion": {"type": "string"},
             "kind": {"type": "string"},
-            # Only name (and generateName) may be restricted here; a Proxy's name is a DNS label (ObjectMeta).
+            # Only name (and generateName) may be restricted here.
             "metadata": {"type": "object", "properties": {"name": name}},
             "spec": spec,
             "status": status,
