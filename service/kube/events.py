@@ -10,7 +10,6 @@ paces all calls at `qps`. Events are best effort: a failed call is logged once p
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from service.kube.client import ApiException, request_json
 from service.kube.refs import Lookup, ProxyRef
+from service.kube.worker import Worker
 from service.status import Event
 
 __all__ = ["COMPONENT", "REPORTING_CONTROLLER", "EventRecorder"]
@@ -49,7 +49,9 @@ class _Bucket:
     at: float
 
 
-class EventRecorder:
+class EventRecorder(Worker):
+    thread_name = "event-recorder"
+
     def __init__(
         self,
         api: ApiClient,
@@ -64,6 +66,7 @@ class EventRecorder:
         now: Callable[[], datetime] = lambda: datetime.now(UTC),
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__()
         self.api, self.lookup, self.instance = api, lookup, instance
         self.window, self.burst, self.per_object_rate, self.qps = window, burst, per_object_rate, qps
         self.now, self.monotonic = now, monotonic
@@ -72,20 +75,9 @@ class EventRecorder:
         self._seen: OrderedDict[tuple[str, ...], _Seen] = OrderedDict()
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
         self._failing = False
-        self._busy = self._stop = False
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._worker, name="event-recorder", daemon=True)
-        self._thread.start()
-
-    def close(self, timeout: float = 5.0) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._start_thread()
 
     def record(self, event: Event) -> None:
         """The board's event listener: queue it (never blocks; a full queue drops its oldest)."""

@@ -18,7 +18,6 @@ docs/decisions.md ("Status in the cluster").
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from service.kube.client import ApiException, request_json
 from service.kube.refs import Lookup, ProxyRef
+from service.kube.worker import Worker
 from service.status import StatusBoard
 from stacks.models import ProxyStatus
 
@@ -42,7 +42,9 @@ HISTORY = ("lastOperation", "observedGeneration")
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before the n-th retry of one key (the last repeats)
 
 
-class StatusWriter:
+class StatusWriter(Worker):
+    thread_name = "status-writer"
+
     def __init__(
         self,
         api: ApiClient,
@@ -52,6 +54,7 @@ class StatusWriter:
         backoff: tuple[float, ...] = BACKOFF,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__()
         self.api, self.board, self.lookup = api, board, lookup
         self.backoff, self.monotonic = backoff, monotonic
         self.writes = 0  # status writes sent (metrics, tests)
@@ -60,26 +63,15 @@ class StatusWriter:
         self._dirty: set[str] = set()
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
-        self._busy = False
-        self._stop = False
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Listen to the board, and write what it holds now (a new leader brings the cluster up to date)."""
         self.board.subscribe(self.mark)
-        self._thread = threading.Thread(target=self._worker, name="status-writer", daemon=True)
-        self._thread.start()
+        self._start_thread()
         for key in self.board.tracked():
             self.mark(key)
 
-    def close(self, timeout: float = 5.0) -> None:
-        # The board keeps the listener (it cannot unsubscribe); after close, mark() only fills a set.
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
+    # close(): Worker's. The board keeps the listener (it cannot unsubscribe); after it, mark() fills a set.
 
     def mark(self, key: str) -> None:
         """The board's listener: the key's status may have changed."""
