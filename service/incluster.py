@@ -271,6 +271,8 @@ class ClusterMode:
             except ValidationError:
                 continue
             creds = self.credentials.credentials(obj.key) or {}
+            if proxy.spec.auth.mode != "none" and not creds.get("password"):
+                continue  # its credentials Secret is not here yet: handed out now, it would answer 407
             out = {**address, "protocol": creds.get("protocol")}
             endpoints.append(endpoint_of(proxy, stack=status.get("stack"), out=out, creds=creds))
             conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
