@@ -23,12 +23,6 @@ from service.runner import _settle
 from service.sources.directory import DirectorySource
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def accepts(port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)

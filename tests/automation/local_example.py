@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,13 +16,9 @@ from typing import Any
 
 import yaml
 
+from tests.ports import free_port
+
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "local"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

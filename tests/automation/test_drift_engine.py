@@ -8,7 +8,8 @@ import signal
 
 import pytest
 
-from tests.automation.fleet import Fleet, accepts, free_port
+from tests.automation.fleet import Fleet, accepts
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

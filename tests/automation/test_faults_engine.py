@@ -18,8 +18,9 @@ import pytest
 import yaml
 
 from service.runner import _report
-from tests.automation.fleet import Fleet, accepts, free_port
+from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

@@ -15,8 +15,9 @@ from automation.preview_render import render_markdown, render_text
 from service.config import OperatorSettings
 from service.runner import apply_once
 from service.sources.directory import DirectorySource
-from tests.automation.local_example import LocalExample, free_port
+from tests.automation.local_example import LocalExample
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 COMPONENT = "proxy-operator:index:Proxy"
 CHILD = "pulumi-python:dynamic/proxy-operator:LocalProxy"

@@ -16,8 +16,9 @@ import pytest
 
 from automation.queue_state import QueueState
 from tests.automation.eventually import eventually
-from tests.automation.fleet import Fleet, accepts, free_port, kill_up_holding_lock
+from tests.automation.fleet import Fleet, accepts, kill_up_holding_lock
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

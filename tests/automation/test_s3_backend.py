@@ -16,8 +16,9 @@ from pathlib import Path
 import boto3
 import pytest
 
-from tests.automation.fleet import Fleet, accepts, free_port
+from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

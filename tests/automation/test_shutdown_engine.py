@@ -11,8 +11,9 @@ import pytest
 
 from automation.engine.children import pulumi_children
 from tests.automation.eventually import eventually
-from tests.automation.fleet import Fleet, accepts, free_port
+from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

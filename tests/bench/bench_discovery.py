@@ -36,6 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from loadgen import Load, bodies, run_python, run_wrk, wrk  # noqa: E402
 
+from tests.ports import free_port  # noqa: E402
+
 PROXIES = 10_000
 BANNED = int(os.environ.get("BENCH_BANNED", "500"))  # the LRU's front (never used, by key), banned everywhere
 TARGETS = 100
@@ -124,12 +126,6 @@ async def _ban_the_front(store: Any, *, settings: Any) -> None:
         )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _wait_listening(port: int, process: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -170,7 +166,7 @@ def _load(generator: str, port: int, seconds: float) -> Load:
 
 def one_round(kind: str, redis_url: str | None, round_no: int) -> dict[str, tuple[Load, float]]:
     """(load, server CPU microseconds per request) per generator, on a fresh server."""
-    port = _free_port()
+    port = free_port()
     args = [PY, __file__, "serve", kind, str(port)] + ([redis_url, f"bench{round_no}"] if redis_url else [])
     process = subprocess.Popen(args)
     found = {}
@@ -312,9 +308,9 @@ async def _probe_rate(listeners: list[int], echo_url: str, count: int) -> tuple[
 
 
 def probes() -> float:
-    echo_port = _free_port()
+    echo_port = free_port()
     processes = [subprocess.Popen([PY, __file__, "serve", "echo", str(echo_port)])]
-    listeners = [_free_port() for _ in range(4)]
+    listeners = [free_port() for _ in range(4)]
     for port in listeners:
         processes.append(
             subprocess.Popen(
@@ -337,7 +333,7 @@ def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
     binary = shutil.which("redis-server")
     if binary is None:
         return None
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
         stdout=subprocess.DEVNULL,

@@ -53,10 +53,10 @@ from kubernetes.client import ApiClient  # noqa: E402
 from service.kube.client import ApiException, request_json  # noqa: E402
 from service.kube.watch import Watcher  # noqa: E402
 from service.sources.kubernetes import FINALIZER  # noqa: E402
-from tests.automation.fleet import free_port  # noqa: E402
 from tests.kube.apiserver import KubeApi, die_with_parent, running_apiserver  # noqa: E402
 from tests.kube.cluster_fleet import BASE, proxy_doc  # noqa: E402
 from tests.kube.manifests import install_crds  # noqa: E402
+from tests.ports import free_port  # noqa: E402
 
 PROXIES = int(os.environ.get("BENCH_PROXIES", "10000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))

@@ -30,9 +30,10 @@ import botocore.exceptions
 import pytest
 import yaml
 
-from tests.automation.fleet import Fleet, accepts, free_port, proxy_doc
+from tests.automation.fleet import Fleet, accepts, proxy_doc
 from tests.conftest import PulumiEnv
 from tests.examples.fake_forge import TOKEN, Forge, serve_forge
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "ci" / "preview-pr.py"

@@ -15,7 +15,6 @@ import dataclasses
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -30,6 +29,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from kubernetes import config
 from kubernetes.client import ApiClient
+
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOLS_BIN = ROOT / ".tools" / "bin"
@@ -92,12 +93,6 @@ def binaries() -> tuple[Path, Path]:
             f"{' and '.join(missing)} missing: run `make kube-tools` (scripts/install-kube.sh)"
         )
     return Path(str(etcd)), apiserver
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(stack: ExitStack, *, name: str, argv: list[str], workdir: Path) -> Child:

@@ -23,12 +23,13 @@ from kubernetes.client import ApiClient
 
 from service.kube.client import ApiException, request_json
 from service.sources.kubernetes import FINALIZER, PAUSED, RECONCILE_REQUESTED
-from tests.automation.fleet import accepts, free_port
+from tests.automation.fleet import accepts
 from tests.conftest import PulumiEnv
 from tests.kube.apiserver import KubeApi, restartable_apiserver
 from tests.kube.cluster_fleet import ClusterFleet, stays, until
 from tests.kube.conftest import CRDS
 from tests.kube.manifests import install_crds
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

@@ -18,10 +18,11 @@ from kubernetes.client import ApiClient
 from service.kube.client import request_json
 from service.pools.naming import PLACEMENT_LABEL, POOL_LABEL
 from service.sources.kubernetes import FINALIZER
-from tests.automation.fleet import accepts, free_port
+from tests.automation.fleet import accepts
 from tests.conftest import PulumiEnv
 from tests.kube.apiserver import KubeApi
 from tests.kube.cluster_fleet import BASE, ClusterFleet, until
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

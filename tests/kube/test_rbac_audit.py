@@ -29,7 +29,6 @@ from kubernetes.dynamic import DynamicClient
 
 from service.kube.client import ApiException, request_json
 from service.sources.kubernetes import CREDENTIALS_LABEL, FINALIZER, PAUSED
-from tests.automation.fleet import free_port
 from tests.conftest import PulumiEnv
 from tests.kube.apiserver import ROOT, KubeApi, write_kubeconfig
 from tests.kube.audit import (
@@ -43,6 +42,7 @@ from tests.kube.audit import (
 )
 from tests.kube.cluster_fleet import ClusterFleet, until
 from tests.kube.manifests import apply, kube_documents, namespaces_first
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

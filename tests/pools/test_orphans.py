@@ -12,8 +12,9 @@ from typer.testing import CliRunner
 
 from automation.orphans import LocalProcess, Orphan, known_instance_ids, local_orphans
 from service.cli_orphans import find_orphans, orphans
-from tests.automation.fleet import Fleet, accepts, free_port
+from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 
 def test_process_of_a_deleted_stack_state_is_an_orphan(pulumi_env: PulumiEnv, fleet_ab: Fleet) -> None:

@@ -22,7 +22,8 @@ import pytest
 
 from stacks.forward_proxy import control
 from stacks.programs.local import LocalProxyProvider
-from tests.security.loopback_site import free_port, serve_page
+from tests.ports import free_port
+from tests.security.loopback_site import serve_page
 
 PAGE = b"through the proxy\n"
 

@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from stacks.programs.local import LocalProxyProvider
-from tests.security.loopback_site import free_port, serve_page
+from tests.ports import free_port
+from tests.security.loopback_site import serve_page
 
 PAGE = b"loopback secret\n"
 

@@ -26,8 +26,9 @@ from service.inventory import Inventory
 from service.serve import build_service
 from service.settings import DiscoverySettings, HealthSettings
 from service.sources.directory import DirectorySource
-from tests.automation.fleet import CountingEngine, Fleet, free_port
+from tests.automation.fleet import CountingEngine, Fleet
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 from tests.service.conftest import UvicornThread
 
 

@@ -31,6 +31,7 @@ from service.discovery.service import DiscoveryService
 from service.discovery.store import Store
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 from service.settings import DiscoverySettings
+from tests.ports import free_port
 
 TOKENS = {
     "crawler-a": ("token-a", ["lease", "report"]),
@@ -55,12 +56,6 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def endpoint(name: str, *, port: int = 3128, pool: str | None = "main", **extra: Any) -> ProxyEndpoint:

@@ -8,8 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from service.cli import app
-from tests.automation.fleet import Fleet, accepts, free_port
+from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

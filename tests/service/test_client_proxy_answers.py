@@ -18,7 +18,8 @@ import pytest
 
 from service.inventory import Health, HealthState, Inventory
 from stacks.programs.local import LocalProxyProvider
-from tests.service.conftest import TOKENS, Api, ApiFactory, auth, endpoint, free_port
+from tests.ports import free_port
+from tests.service.conftest import TOKENS, Api, ApiFactory, auth, endpoint
 from tests.service.site import Site
 from tests.service.test_python_client import load_client, metric
 from tests.service.test_scrapy_middleware import crawl

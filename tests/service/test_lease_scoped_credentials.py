@@ -20,7 +20,8 @@ import pytest
 
 from service.inventory import Health, HealthState, Inventory
 from stacks.programs.local import LocalProxyProvider
-from tests.service.conftest import Api, ApiFactory, auth, endpoint, free_port
+from tests.ports import free_port
+from tests.service.conftest import Api, ApiFactory, auth, endpoint
 from tests.service.site import Site
 
 STATIC = ("static-user", "Static-Pass-1234")

@@ -17,8 +17,9 @@ import pytest
 from service.config import OperatorSettings
 from service.serve import build_service, dev_token, serve
 from service.settings import HealthSettings
-from tests.automation.fleet import Fleet, accepts, free_port
+from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
+from tests.ports import free_port
 
 pytestmark = pytest.mark.engine
 

@@ -22,15 +22,10 @@ from pulumi import automation as auto
 from stacks.programs import local_process as proc
 from stacks.programs.local import LocalProxyProvider
 from tests.conftest import ROOT, PulumiEnv
+from tests.ports import free_port
 
 PAGE = b"hello through the proxy\n"
 KEY = "crawl/alpha"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class _Page(BaseHTTPRequestHandler):
