@@ -124,6 +124,7 @@ class Watcher:
         ]
         response = call(self.api, "GET", self.path, query=query, timeout=(10, timeout + 30))
         self._response = response
+        ended = False  # the server ended the stream: the connection can serve another request
         try:
             if self._stop.is_set():  # stopped while the watch was being opened: stop() saw no response
                 return
@@ -136,8 +137,13 @@ class Watcher:
                 for line in lines:
                     if line.strip():
                         self._event(json.loads(line))
+            ended = True
         finally:
             self._response = None
+            if not ended:
+                # Still streaming: back in the pool, the next request on this client would be written
+                # behind the open watch and wait for its timeout. Close it; the pool opens a new one.
+                response.response.close()
             response.response.release_conn()
 
     def _event(self, event: Obj) -> None:

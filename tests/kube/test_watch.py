@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from kubernetes.client import ApiClient
+from kubernetes import config
+from kubernetes.client import ApiClient, Configuration
 
 from service.kube.client import request_json
 from service.kube.watch import Watcher
@@ -66,3 +67,32 @@ def _relists_after_gone(kube_api: KubeApi, kube_client: ApiClient) -> None:
         assert ("ADDED", "after") in seen
     finally:
         watcher.stop()
+
+
+def test_a_watch_stopped_while_it_opens_leaves_no_busy_connection(kube_api: KubeApi) -> None:
+    """A watcher stopped while its watch request was on the way (a term ending, the service stopping) used
+    to hand the still-streaming connection back to the client's pool: the next request on that client was
+    written behind the open watch and hung until its read timeout (a CI run lost a source's first list to
+    it). Now such a connection is closed, and the next request on the same client answers."""
+    namespace = f"watch-{uuid.uuid4().hex[:8]}"
+    configuration = Configuration()
+    config.load_kube_config(config_file=str(kube_api.kubeconfig), client_configuration=configuration)
+    configuration.retries = 0  # a hung request fails at its read timeout instead of being sent again
+    with ApiClient(configuration) as api:  # its own pool: a poisoned connection reaches no other test
+        request_json(api, "POST", "/api/v1/namespaces", body={"metadata": {"name": namespace}})
+        path = f"/api/v1/namespaces/{namespace}/configmaps"
+        stopper: list[threading.Thread] = []
+        watcher: Watcher
+
+        def stop_before_the_watch(items: list[dict[str, Any]]) -> None:
+            stopper.append(threading.Thread(target=watcher.stop))
+            stopper[0].start()
+            assert watcher._stop.wait(5)  # stopping, and the watch request not sent yet
+
+        watcher = Watcher(api, path, on_list=stop_before_the_watch, on_event=lambda *_: None, name="stopped")
+        watcher.start()
+        assert watcher.synced.wait(30), watcher.last_error
+        stopper[0].join(10)  # stop() returns once the watch thread ended
+        assert not stopper[0].is_alive()
+        for _ in range(3):  # the pool hands out the connection put back last first
+            request_json(api, "GET", path, timeout=(5, 10))
