@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from automation.errors import InvalidInputError, PermanentError, UnknownProviderError
-from stacks.models import ProviderCatalogue, ProviderEntry, Proxy
+from stacks.models import PackedProxy, ProviderCatalogue, ProviderEntry, Proxy
 from stacks.models.conditions import Reason
 from stacks.spec_hash import proxy_spec_hash, stack_spec_hash
 from stacks.validation import FieldProblem, proxy_problems
@@ -31,14 +31,34 @@ def is_deleting(proxy: Proxy) -> bool:
     return proxy.metadata.deletion_timestamp is not None
 
 
-@dataclass(frozen=True)
 class PlannedProxy:
-    proxy: Proxy
-    spec_hash: str
+    """A proxy as a stack should hold it, with its spec hash. Kept packed (see stacks/models/packed.py):
+    `proxy` decodes a fresh model on each access."""
+
+    __slots__ = ("packed", "spec_hash")
+
+    def __init__(self, proxy: Proxy | PackedProxy, spec_hash: str) -> None:
+        self.packed = proxy if isinstance(proxy, PackedProxy) else PackedProxy(proxy)
+        self.spec_hash = spec_hash
+
+    @property
+    def proxy(self) -> Proxy:
+        return self.packed.proxy
 
     @property
     def key(self) -> str:
-        return self.proxy.key
+        return self.packed.key
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PlannedProxy):
+            return NotImplemented
+        return self.spec_hash == other.spec_hash and self.packed == other.packed
+
+    def __hash__(self) -> int:
+        return hash((self.packed.key, self.spec_hash))
+
+    def __repr__(self) -> str:
+        return f"PlannedProxy({self.key}, spec_hash={self.spec_hash[:12]})"
 
 
 @dataclass(frozen=True)
@@ -61,7 +81,7 @@ class StackPlan:
 @dataclass
 class Planner:
     catalogue: ProviderCatalogue = field(default_factory=ProviderCatalogue)
-    _proxies: dict[str, Proxy] = field(default_factory=dict)  # the declared (or deleting) version
+    _proxies: dict[str, PackedProxy] = field(default_factory=dict)  # the declared (or deleting) version
     _hashes: dict[str, str] = field(default_factory=dict)
     _last_good: dict[str, PlannedProxy] = field(default_factory=dict)
     _applied: set[str] = field(default_factory=set)  # keys some stack holds (outputs, or a planned up)
@@ -78,27 +98,24 @@ class Planner:
         new = {entry.name: entry for entry in catalogue.providers}
         self.catalogue = catalogue
         dirty = {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)}
-        for key in [k for k, proxy in self._proxies.items() if proxy.spec.provider in dirty]:
+        for key in [k for k, proxy in self._proxies.items() if proxy.provider in dirty]:
             dirty |= self._settle(key)
         return dirty
 
     def upsert(self, proxy: Proxy) -> set[str]:
         """Add or change a proxy (a deleting one too); returns the stacks to re-plan (old and new)."""
         key = proxy.key
-        previous = self._proxies.get(key)
-        self._proxies[key] = proxy
+        self._proxies[key] = PackedProxy(proxy)
         self._hashes[key] = proxy_spec_hash(proxy)
-        dirty = self._settle(key)
-        if previous is not None and flat_name(previous) != flat_name(proxy):
-            dirty |= self._regroup(previous, key)
+        dirty = self._settle(key, proxy)
         self._by_flat_name[flat_name(proxy)].add(key)
-        return dirty | self._revalidate_group(proxy)
+        return dirty | self._revalidate_group(flat_name(proxy), key)
 
     def release(self, proxy: Proxy) -> bool:
         """Forget a deleting proxy whose resources are gone; True when released. A proxy declared again
         meanwhile (a restore) stays, no longer applied: its stack's next run creates it again."""
         current = self._proxies.get(proxy.key)
-        if current is not None and not is_deleting(current):
+        if current is not None and not current.deleting:
             self._applied.discard(proxy.key)
             return False
         self.remove(proxy.key)
@@ -116,7 +133,7 @@ class Planner:
             self._by_stack[stack].discard(key)
         if proxy is None:
             return set()
-        return ({stack} if stack else set()) | self._regroup(proxy, key)
+        return ({stack} if stack else set()) | self._regroup(proxy.flat_name, key)
 
     def remember_applied(self, proxies: list[Proxy]) -> set[str]:
         """What a stack last applied (read back at start): each becomes the proxy's last good version, and
@@ -151,11 +168,16 @@ class Planner:
 
     def current(self, key: str) -> Proxy | None:
         """The version the planner holds for `key`: declared, deleting, or (not declared yet) applied."""
-        return self._proxies.get(key)
+        packed = self._proxies.get(key)
+        return None if packed is None else packed.proxy
+
+    def holds(self, key: str) -> bool:
+        """Does the planner hold a version of `key` (`current` without decoding it)?"""
+        return key in self._proxies
 
     def applied_count(self) -> int:
         """Proxies some stack holds and that are not leaving: the fleet a deletion is measured against."""
-        return sum(1 for key in self._applied if key in self._proxies and not is_deleting(self._proxies[key]))
+        return sum(1 for key in self._applied if key in self._proxies and not self._proxies[key].deleting)
 
     def held_version(self, key: str) -> PlannedProxy | None:
         """The last good version a rejected proxy runs at, None when it is not held."""
@@ -167,11 +189,12 @@ class Planner:
         deleting: list[Proxy] = []
         forget: list[Proxy] = []
         for key in sorted(self._by_stack.get(name, ())):
-            proxy = self._proxies[key]
-            if is_deleting(proxy):
+            packed = self._proxies[key]
+            if packed.deleting:
+                proxy = packed.proxy
                 (forget if wants_skip_cleanup(proxy) else deleting).append(proxy)
                 continue
-            planned = self._usable(proxy)
+            planned = self._usable(packed)
             if planned is not None:
                 live.append(planned)
         spec_hash = ""
@@ -191,7 +214,7 @@ class Planner:
 
     # --- internals --------------------------------------------------------------------------------------
 
-    def _usable(self, proxy: Proxy) -> PlannedProxy | None:
+    def _usable(self, proxy: PackedProxy) -> PlannedProxy | None:
         error = self.rejected.get(proxy.key)
         if error is None:
             return PlannedProxy(proxy=proxy, spec_hash=self._hashes[proxy.key])
@@ -199,9 +222,10 @@ class Planner:
             return None  # never applied (an applied proxy is never refused for this): nothing to hold
         return self._last_good.get(proxy.key)
 
-    def _settle(self, key: str) -> set[str]:
-        """Validate the proxy and place it in the stack its effective version belongs to."""
-        self._validate(self._proxies[key])
+    def _settle(self, key: str, proxy: Proxy | None = None) -> set[str]:
+        """Validate the proxy (`proxy`: its model, when the caller has it) and place it in the stack its
+        effective version belongs to."""
+        self._validate(proxy if proxy is not None else self._proxies[key].proxy)
         old = self._home.get(key)
         new = self._placement(key)
         if old == new:
@@ -224,11 +248,11 @@ class Planner:
         is (an unknown provider holds it on its old stack); a valid one goes to its provider."""
         proxy = self._proxies[key]
         good = self._last_good.get(key)
-        if is_deleting(proxy) or key in self.rejected:
+        if proxy.deleting or key in self.rejected:
             if good is not None:
-                return good.proxy.spec.provider
-            return proxy.spec.provider if is_deleting(proxy) else None
-        return proxy.spec.provider
+                return good.packed.provider
+            return proxy.provider if proxy.deleting else None
+        return proxy.provider
 
     def _validate(self, proxy: Proxy) -> None:
         key = proxy.key
@@ -241,7 +265,7 @@ class Planner:
             problems.append(_collision(proxy, winner))
         if not problems:
             self.rejected.pop(key, None)
-            self._last_good[key] = PlannedProxy(proxy=proxy, spec_hash=self._hashes[key])
+            self._last_good[key] = PlannedProxy(proxy=self._proxies[key], spec_hash=self._hashes[key])
             return
         message = "; ".join(f"{p.path}: {p.message}" for p in problems)
         unknown = self.catalogue.get(proxy.spec.provider) is None
@@ -259,25 +283,25 @@ class Planner:
         group = [
             k
             for k in self._by_flat_name.get(flat_name(proxy), set()) | {proxy.key}
-            if k in self._proxies and not is_deleting(self._proxies[k])
+            if k in self._proxies and not self._proxies[k].deleting
         ]
         if len(group) < 2:
             return None
         return min(group, key=lambda k: (k not in self._applied, k))
 
-    def _revalidate_group(self, proxy: Proxy) -> set[str]:
+    def _revalidate_group(self, flat: str, key: str) -> set[str]:
         dirty: set[str] = set()
-        for other in sorted(self._by_flat_name.get(flat_name(proxy), set()) - {proxy.key}):
+        for other in sorted(self._by_flat_name.get(flat, set()) - {key}):
             if other in self._proxies:
                 dirty |= self._settle(other)
         return dirty
 
-    def _regroup(self, previous: Proxy, key: str) -> set[str]:
-        group = self._by_flat_name.get(flat_name(previous))
+    def _regroup(self, flat: str, key: str) -> set[str]:
+        group = self._by_flat_name.get(flat)
         if group is None:
             return set()
         group.discard(key)
-        return self._revalidate_group(previous)
+        return self._revalidate_group(flat, key)
 
 
 def flat_name(proxy: Proxy) -> str:

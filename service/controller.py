@@ -433,7 +433,7 @@ class Controller:
         """A version that could not be used: held when an earlier one runs or is planned, else Failed."""
         if self.planner.is_applied(key):
             self._hold(key, Hold(hold.reason, f"{hold.message}; its applied version keeps running"))
-        elif self.planner.current(key) is not None:
+        elif self.planner.holds(key):
             self._hold(key, Hold(hold.reason, f"{hold.message}; its last valid version is used"))
         else:
             self.status.set_condition(

@@ -17,6 +17,7 @@ docs/decisions.md ("Status in the cluster").
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -58,7 +59,8 @@ class StatusWriter(Worker):
         self.api, self.board, self.lookup = api, board, lookup
         self.backoff, self.monotonic = backoff, monotonic
         self.writes = 0  # status writes sent (metrics, tests)
-        self._written: dict[str, Json] = {}  # uid -> the status last written (or read) for it
+        # uid -> the status last written (or read) for it, as compact JSON (one per Proxy: kept small)
+        self._written: dict[str, str] = {}
         self._uids: dict[str, str] = {}  # key -> uid, to forget what was written for a dropped key
         self._dirty: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -134,9 +136,8 @@ class StatusWriter(Worker):
             self._forget(key)
             return
         self._uids[key] = ref.uid
-        base = self._written.get(ref.uid)
-        if base is None:
-            base = self._read(ref)
+        packed = self._written.get(ref.uid)
+        base = self._read(ref) if packed is None else json.loads(packed)
         rendered = keep_history(keep_transition_times(render(status), base), base)
         if rendered != base:
             request_json(
@@ -148,7 +149,7 @@ class StatusWriter(Worker):
                 timeout=(5, 30),
             )
             self.writes += 1
-        self._written[ref.uid] = rendered
+        self._written[ref.uid] = json.dumps(rendered, separators=(",", ":"))
 
     def _read(self, ref: ProxyRef) -> Json:
         live = request_json(self.api, "GET", ref.path("status"), timeout=(5, 30))

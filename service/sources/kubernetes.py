@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import logging
 import queue
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 import yaml
 from kubernetes.client import ApiClient
@@ -40,7 +39,7 @@ from service.kube.settings import KubeSettings
 from service.kube.watch import Obj, Watcher
 from service.sources.contract import Hold, SourceChange
 from stacks.catalogue import CatalogueFormatError, parse_catalogue
-from stacks.models import API_VERSION, KIND, ProviderCatalogue, Proxy
+from stacks.models import API_VERSION, KIND, PackedProxy, ProviderCatalogue, Proxy
 from stacks.models.conditions import ConditionType, Reason
 from stacks.problems import Problem
 
@@ -56,27 +55,71 @@ CREDENTIALS_LABEL = "crawl.example.com/credentials"
 __all__ = ["FINALIZER", "KubernetesSource", "ProxyObject"]
 
 
-@dataclass(frozen=True)
 class ProxyObject:
-    """What the service keeps of one Proxy object: identity, the parts it reconciles, and its status."""
+    """What the service keeps of one Proxy object: identity, the parts it reconciles, and its status.
 
-    namespace: str
-    name: str
-    uid: str
-    generation: int
-    resource_version: str
-    deleting: bool
-    finalized: bool  # carries our finalizer
-    body: Obj  # metadata (name, namespace, labels, annotations, uid, generation, deletionTimestamp) + spec
-    status: Obj
+    `body` (metadata: name, namespace, labels, annotations, uid, generation, deletionTimestamp; and spec) and
+    `status` are kept as compact JSON text, a fifth of the size of the dicts (the service watches 10,000
+    Proxies at once), and decoded on each read: every caller gets its own copy.
+    """
+
+    __slots__ = (
+        "_body",
+        "_status",
+        "deleting",
+        "finalized",
+        "generation",
+        "name",
+        "namespace",
+        "resource_version",
+        "uid",
+    )
+
+    def __init__(
+        self,
+        *,
+        namespace: str,
+        name: str,
+        uid: str,
+        generation: int,
+        resource_version: str,
+        deleting: bool,
+        finalized: bool,  # carries our finalizer
+        body: Obj,
+        status: Obj,
+    ) -> None:
+        self.namespace, self.name, self.uid = namespace, name, uid
+        self.generation, self.resource_version = generation, resource_version
+        self.deleting, self.finalized = deleting, finalized
+        self._body = _pack(body)
+        self._status = _pack(status) if status else ""
 
     @property
     def key(self) -> str:
         return f"{self.namespace}/{self.name}"
 
     @property
+    def body(self) -> Obj:
+        return dict(json.loads(self._body))
+
+    @property
+    def status(self) -> Obj:
+        return dict(json.loads(self._status)) if self._status else {}
+
+    @property
     def annotations(self) -> dict[str, str]:
         return dict(self.body["metadata"].get("annotations") or {})
+
+    def reconciled_parts(self) -> tuple[str, bool, bool]:
+        """What a change must touch to matter to the control loop (our own status writes do not)."""
+        return (self._body, self.deleting, self.finalized)
+
+    def __repr__(self) -> str:
+        return f"ProxyObject({self.key}, rv={self.resource_version}, deleting={self.deleting})"
+
+
+def _pack(obj: Obj) -> str:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True)
 
 
 def slim_proxy(obj: Obj) -> Obj:
@@ -139,9 +182,11 @@ class KubernetesSource:
         self._objects: dict[str, ProxyObject] = {}
         self._dirty: set[str] = set()
         self._relisted = False  # a Proxy list replaced the set: absent tracked proxies are judged again
-        self._emitted: dict[str, Proxy] = {}  # the version last passed on (what the planner knows)
+        # The version last passed on (what the planner knows), packed: one per Proxy, 10,000 at once.
+        self._emitted: dict[str, PackedProxy] = {}
+        self._secret_of: dict[str, str] = {}  # key -> the Secret its emitted version names
         self._leaving: set[str] = set()  # deletions passed on, not released yet
-        self._tracked: dict[str, Proxy] = {}  # applied in the backend
+        self._tracked: dict[str, PackedProxy] = {}  # applied in the backend
         self._holds: dict[str, Hold] = {}
         self._requested: dict[str, str] = {}  # key -> last reconcile-requested-at seen
         self._catalogue: ProviderCatalogue | None = None
@@ -194,6 +239,7 @@ class KubernetesSource:
             self._relisted = True
         self._catalogue = None
         self._emitted.clear()
+        self._secret_of.clear()
         self._leaving.clear()
         self._tracked.clear()
         self._holds.clear()
@@ -230,15 +276,13 @@ class KubernetesSource:
             for key in sorted(set(self._tracked) - set(objects) - set(self._emitted)):
                 change.held[key] = _not_found(key)
         if secrets_dirty:
-            change.requested |= {
-                key for key, proxy in self._emitted.items() if _secret_key(proxy) in secrets_dirty
-            }
+            change.requested |= {key for key, ref in self._secret_of.items() if ref in secrets_dirty}
         upserted = {proxy.key for proxy in change.upserts}
         for key in dirty - set(change.held):
             # Judged again and no longer held (resumed, fixed): passed on again even if unchanged, so the
             # control loop sees the hold end.
             if self._holds.pop(key, None) is not None and key in self._emitted and key not in upserted:
-                change.upserts.append(self._emitted[key])
+                change.upserts.append(self._emitted[key].proxy)
         for key, hold in change.held.items():
             self._holds[key] = hold
         for key in set(self._holds) - set(change.held) - dirty:
@@ -249,19 +293,19 @@ class KubernetesSource:
     def track(self, proxies: Iterable[Proxy]) -> None:
         with self._lock:
             for proxy in proxies:
-                self._tracked[proxy.key] = proxy
+                self._tracked[proxy.key] = PackedProxy(proxy)
             self._relisted = True
 
     def release(self, key: str) -> None:
         """Its resources are gone or forgotten: forget it and remove our finalizer (the leader's job)."""
-        self._emitted.pop(key, None)
+        self._unemit(key)
         self._leaving.discard(key)
         self._tracked.pop(key, None)
         self._holds.pop(key, None)
         self._patches.put(("remove", key))
 
     def proxies(self) -> list[Proxy]:
-        return list(self._emitted.values())
+        return [packed.proxy for packed in self._emitted.values()]
 
     def object(self, key: str) -> ProxyObject | None:
         with self._lock:
@@ -311,8 +355,9 @@ class KubernetesSource:
                 return
             change.held[key] = Hold(Reason.PAUSED, f"paused by the annotation {PAUSED} before it was applied")
             return
-        if self._emitted.get(key) != proxy:
-            self._emitted[key] = proxy
+        emitted = self._emitted.get(key)
+        if emitted is None or emitted.proxy != proxy:
+            self._emit(proxy)
             change.upserts.append(proxy)
         self._tracked.pop(key, None)
 
@@ -321,18 +366,13 @@ class KubernetesSource:
             return
         known = self._emitted.get(key) or self._tracked.get(key)
         if known is None:
-            try:
-                known = Proxy.model_validate(obj.body)
-            except ValidationError:
-                known = None
-        if known is None or not (key in self._emitted or key in self._tracked):
             # Never applied by us: nothing to remove, only our finalizer (if it got one).
             if obj.finalized:
                 self._patches.put(("remove", key))
             return
-        leaving = known.model_copy(deep=True)
+        leaving = known.proxy
         leaving.metadata.deletion_timestamp = _timestamp(obj.body["metadata"].get("deletionTimestamp"))
-        self._emitted[key] = leaving
+        self._emit(leaving)
         self._leaving.add(key)
         change.deletions.append(leaving)
 
@@ -343,9 +383,9 @@ class KubernetesSource:
         known = self._emitted.get(key) or self._tracked.get(key)
         if known is None:
             return
-        leaving = known.model_copy(deep=True)
+        leaving = known.proxy
         leaving.metadata.deletion_timestamp = datetime.now(UTC)
-        self._emitted[key] = leaving
+        self._emit(leaving)
         self._leaving.add(key)
         change.deletions.append(leaving)
 
@@ -375,6 +415,18 @@ class KubernetesSource:
             return
         if catalogue != self._catalogue:
             self._catalogue = change.catalogue = catalogue
+
+    def _emit(self, proxy: Proxy) -> None:
+        self._emitted[proxy.key] = PackedProxy(proxy)
+        ref = _secret_key(proxy)
+        if ref is None:
+            self._secret_of.pop(proxy.key, None)
+        else:
+            self._secret_of[proxy.key] = ref
+
+    def _unemit(self, key: str) -> None:
+        self._emitted.pop(key, None)
+        self._secret_of.pop(key, None)
 
     # --- watch callbacks (watch threads) ----------------------------------------------------------------
 
@@ -453,7 +505,7 @@ class KubernetesSource:
             elif self._objects.get(obj.key) != obj:
                 previous = self._objects.get(obj.key)
                 self._objects[obj.key] = obj
-                dirtied = previous is None or _reconciled_parts(previous) != _reconciled_parts(obj)
+                dirtied = previous is None or previous.reconciled_parts() != obj.reconciled_parts()
                 if dirtied:
                     self._dirty.add(obj.key)
         if dirtied:  # not our own status writes: they change nothing to reconcile
@@ -561,11 +613,6 @@ class KubernetesSource:
 
 
 # --- helpers ------------------------------------------------------------------------------------------
-
-
-def _reconciled_parts(obj: ProxyObject) -> tuple[Any, ...]:
-    """What a change must touch to matter to the control loop (our own status writes do not)."""
-    return (obj.body, obj.deleting, obj.finalized)
 
 
 def _namespace_of(path: str) -> str | None:

@@ -7,6 +7,7 @@ from `stacks.models`; the submodules are an implementation detail.
 
 from stacks.models.blocks import GcpProxySpec, KubernetesProxySpec, KvmProxySpec, LocalProxySpec
 from stacks.models.egress import DEFAULT_ALLOW_PORTS, EgressRule, EgressSpec
+from stacks.models.packed import PackedProxy
 from stacks.models.pool import (
     POOL_KIND,
     BanRule,
@@ -86,6 +87,7 @@ __all__ = [
     "LocalProvider",
     "LocalProxySpec",
     "ObjectMeta",
+    "PackedProxy",
     "PoolPlacement",
     "PoolProxySpec",
     "PoolRotation",

@@ -72,6 +72,6 @@ async def list_status(ctx: Context, _client: AdminClient) -> StatusList:
 async def get_status(namespace: str, name: str, ctx: Context, _client: AdminClient) -> ProxyStatusOut:
     board = _board(ctx)
     key = f"{namespace}/{name}"
-    if key not in board.all() and not board.events(key):
+    if not board.has(key) and not board.events(key):
         raise ApiError(404, "proxy_not_found", f"no status for {key!r}; GET /v1/status lists them")
     return _one(board, key, events=50)
