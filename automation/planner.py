@@ -102,10 +102,13 @@ class Planner:
             dirty |= self._settle(key)
         return dirty
 
-    def upsert(self, proxy: Proxy) -> set[str]:
-        """Add or change a proxy (a deleting one too); returns the stacks to re-plan (old and new)."""
+    def upsert(self, given: Proxy | PackedProxy) -> set[str]:
+        """Add or change a proxy (a deleting one too); returns the stacks to re-plan (old and new). A packed
+        proxy is kept as given (a source's copy is shared, not made again)."""
+        packed = given if isinstance(given, PackedProxy) else PackedProxy(given)
+        proxy = given.proxy if isinstance(given, PackedProxy) else given
         key = proxy.key
-        self._proxies[key] = PackedProxy(proxy)
+        self._proxies[key] = packed
         self._hashes[key] = proxy_spec_hash(proxy)
         dirty = self._settle(key, proxy)
         self._by_flat_name[flat_name(proxy)].add(key)

@@ -128,7 +128,7 @@ class Controller:
         for key in sorted(self.planner.rejected):  # a rejected proxy may run an applied version after all
             current = self.planner.current(key)
             if current is not None:
-                self._report_validity(current)
+                self._report_validity(key, deleting=is_deleting(current))
 
     async def _submit_known_stacks(self) -> None:
         """Submit every stack of ours -- once the backend was read and there is a catalogue to judge by."""
@@ -147,14 +147,17 @@ class Controller:
         dirty: set[str] = set()
         if change.catalogue is not None:
             dirty |= self.planner.set_catalogue(change.catalogue)
-        for proxy in change.upserts:
-            self._pending_deletions.pop(proxy.key, None)  # declared again: no longer leaving
-            self.status.set_deleting(proxy.key, False)
-            dirty |= self.planner.upsert(proxy)
+        upserts = change.upserts.packed()  # one model at a time (see Upserts)
+        for packed in upserts:
+            self._pending_deletions.pop(packed.key, None)  # declared again: no longer leaving
+            self.status.set_deleting(packed.key, False)
+            dirty |= self.planner.upsert(packed)
         dirty |= self._apply_deletions(change.deletions)
         dirty |= self._requested_runs(change.requested)
-        for proxy in [*change.upserts, *change.deletions]:
-            self._report_validity(proxy)
+        for packed in upserts:
+            self._report_validity(packed.key, deleting=packed.deleting)
+        for proxy in change.deletions:
+            self._report_validity(proxy.key, deleting=is_deleting(proxy))
         if change.catalogue is not None or change.upserts or change.deletions or change.held:
             self._report_source_holds(change)
         if self._backend_seen and self.source.catalogue is not None:
@@ -463,31 +466,31 @@ class Controller:
                 self._unhold(key)
         self._source_holds = dict(change.held)
 
-    def _report_validity(self, proxy: Proxy) -> None:
+    def _report_validity(self, key: str, *, deleting: bool) -> None:
         if self.source.catalogue is None:
             why = "no provider catalogue in the manifests: nothing is reconciled until there is one"
-            self._hold_or_fail(proxy.key, Hold(Reason.MANIFEST_UNREADABLE, why))
+            self._hold_or_fail(key, Hold(Reason.MANIFEST_UNREADABLE, why))
             return
-        if is_deleting(proxy):
-            if proxy.key in self._pending_deletions:
+        if deleting:
+            if key in self._pending_deletions:
                 return  # held by the deletion budget: reported there
-            self.status.set_deleting(proxy.key)
-            self.status.event(proxy.key, reason=Reason.DELETING, message="removing its resources")
+            self.status.set_deleting(key)
+            self.status.event(key, reason=Reason.DELETING, message="removing its resources")
             return
-        error = self.planner.rejected.get(proxy.key)
+        error = self.planner.rejected.get(key)
         if error is None:
-            if proxy.key not in self._source_holds:
-                self._unhold(proxy.key)
-            if _condition(self.status, proxy.key, ConditionType.STALLED) == "True":
+            if key not in self._source_holds:
+                self._unhold(key)
+            if _condition(self.status, key, ConditionType.STALLED) == "True":
                 self.status.set_condition(
-                    proxy.key, type_=ConditionType.STALLED, true=False, reason=Reason.INPUT_CHANGED
+                    key, type_=ConditionType.STALLED, true=False, reason=Reason.INPUT_CHANGED
                 )
             return
-        if self.planner.held_version(proxy.key) is not None:
-            self._hold_or_fail(proxy.key, Hold(error.reason, error.message))
+        if self.planner.held_version(key) is not None:
+            self._hold_or_fail(key, Hold(error.reason, error.message))
             return
         self.status.set_condition(
-            proxy.key,
+            key,
             type_=ConditionType.PROVISIONED,
             true=False,
             reason=error.reason,
@@ -496,7 +499,7 @@ class Controller:
         )
         # Its input is wrong: nothing retries until it changes (Stalled), and the reason says what to fix.
         self.status.set_condition(
-            proxy.key, type_=ConditionType.STALLED, true=True, reason=error.reason, message=error.message
+            key, type_=ConditionType.STALLED, true=True, reason=error.reason, message=error.message
         )
 
     def _queue_state(self, state: StackQueueState) -> None:

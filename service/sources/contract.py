@@ -17,11 +17,11 @@ their last applied version.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, overload
 
-from stacks.models import ProviderCatalogue, Proxy
+from stacks.models import PackedProxy, ProviderCatalogue, Proxy
 from stacks.problems import Problem
 
 
@@ -33,12 +33,67 @@ class Hold:
     message: str
 
 
+class Upserts(Sequence[Proxy]):
+    """Changed Proxies, kept packed (stacks/models/packed.py) until read: each read decodes a model of its
+    own. A first list of 10,000 Proxies arrives in one change; holding their models together while packed
+    copies are made leaves the heap fragmented for good (measured: +51 MiB against +5 MiB when each model
+    is dropped at once), so the control loop takes them one at a time (`packed`)."""
+
+    def __init__(self, proxies: Iterable[Proxy | PackedProxy] = ()) -> None:
+        self._items: list[PackedProxy] = []
+        self.extend(proxies)
+
+    def append(self, proxy: Proxy | PackedProxy) -> None:
+        self._items.append(proxy if isinstance(proxy, PackedProxy) else PackedProxy(proxy))
+
+    def extend(self, proxies: Iterable[Proxy | PackedProxy]) -> None:
+        for proxy in proxies:
+            self.append(proxy)
+
+    def __iadd__(self, proxies: Iterable[Proxy | PackedProxy]) -> Upserts:
+        self.extend(proxies)
+        return self
+
+    def packed(self) -> list[PackedProxy]:
+        return list(self._items)
+
+    def keys(self) -> list[str]:
+        return [packed.key for packed in self._items]
+
+    @overload
+    def __getitem__(self, index: int) -> Proxy: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Proxy]: ...
+    def __getitem__(self, index: int | slice) -> Proxy | list[Proxy]:
+        if isinstance(index, slice):
+            return [packed.proxy for packed in self._items[index]]
+        return self._items[index].proxy
+
+    def __iter__(self) -> Iterator[Proxy]:
+        return (packed.proxy for packed in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Upserts):
+            return self._items == other._items
+        if isinstance(other, Sequence) and not isinstance(other, str):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"Upserts({self.keys()})"
+
+
 @dataclass
 class SourceChange:
     """What one poll found. `empty` when there is nothing to act on."""
 
     catalogue: ProviderCatalogue | None = None  # set when the catalogue changed
-    upserts: list[Proxy] = field(default_factory=list)  # present, changed Proxies
+    upserts: Upserts = field(default_factory=Upserts)  # present, changed Proxies
     deletions: list[Proxy] = field(default_factory=list)  # declared deletions (deletion time set)
     complete: bool = True
     held: dict[str, Hold] = field(default_factory=dict)

@@ -277,12 +277,12 @@ class KubernetesSource:
                 change.held[key] = _not_found(key)
         if secrets_dirty:
             change.requested |= {key for key, ref in self._secret_of.items() if ref in secrets_dirty}
-        upserted = {proxy.key for proxy in change.upserts}
+        upserted = set(change.upserts.keys())
         for key in dirty - set(change.held):
             # Judged again and no longer held (resumed, fixed): passed on again even if unchanged, so the
             # control loop sees the hold end.
             if self._holds.pop(key, None) is not None and key in self._emitted and key not in upserted:
-                change.upserts.append(self._emitted[key].proxy)
+                change.upserts.append(self._emitted[key])
         for key, hold in change.held.items():
             self._holds[key] = hold
         for key in set(self._holds) - set(change.held) - dirty:
@@ -357,8 +357,7 @@ class KubernetesSource:
             return
         emitted = self._emitted.get(key)
         if emitted is None or emitted.proxy != proxy:
-            self._emit(proxy)
-            change.upserts.append(proxy)
+            change.upserts.append(self._emit(proxy))  # the same packed copy: the planner keeps it too
         self._tracked.pop(key, None)
 
     def _deleting(self, key: str, obj: ProxyObject, change: SourceChange) -> None:
@@ -416,13 +415,14 @@ class KubernetesSource:
         if catalogue != self._catalogue:
             self._catalogue = change.catalogue = catalogue
 
-    def _emit(self, proxy: Proxy) -> None:
-        self._emitted[proxy.key] = PackedProxy(proxy)
+    def _emit(self, proxy: Proxy) -> PackedProxy:
+        packed = self._emitted[proxy.key] = PackedProxy(proxy)
         ref = _secret_key(proxy)
         if ref is None:
             self._secret_of.pop(proxy.key, None)
         else:
             self._secret_of[proxy.key] = ref
+        return packed
 
     def _unemit(self, key: str) -> None:
         self._emitted.pop(key, None)
