@@ -36,9 +36,11 @@ PAGE = 500
 class Watcher:
     api: ApiClient
     path: str  # e.g. /apis/crawl.example.com/v1alpha1/proxies or /api/v1/namespaces/x/secrets
-    on_list: Callable[[list[Obj]], None]  # the whole set (after slim): replaces what was known
-    on_event: Callable[[str, Obj], None]  # ADDED / MODIFIED / DELETED, the object after slim
-    slim: Callable[[Obj], Obj] = lambda obj: obj
+    on_list: Callable[[list[Any]], None]  # the whole set (each after slim): replaces what was known
+    on_event: Callable[[str, Any], None]  # ADDED / MODIFIED / DELETED, the object after slim
+    # What is kept of each object, made as each page or event is read (a dict of the fields needed, or a
+    # compact object of the caller's): the full objects of a page are dropped before the next is read.
+    slim: Callable[[Obj], Any] = lambda obj: obj
     label_selector: str | None = None
     field_selector: str | None = None
     timeout_seconds: int = 300  # the server ends each watch after this (jittered): a cheap liveness check
@@ -96,7 +98,7 @@ class Watcher:
         self._stop.wait(delay)
 
     def _list(self) -> None:
-        items: list[Obj] = []
+        items: list[Any] = []
         token: str | None = None
         while True:
             query = [*self._selectors(), ("limit", PAGE)]

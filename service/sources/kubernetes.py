@@ -52,7 +52,7 @@ PAUSED = "crawl.example.com/paused"
 RECONCILE_REQUESTED = "crawl.example.com/reconcile-requested-at"
 CREDENTIALS_LABEL = "crawl.example.com/credentials"
 
-__all__ = ["FINALIZER", "KubernetesSource", "ProxyObject"]
+__all__ = ["FINALIZER", "KubernetesSource", "ProxyObject", "proxy_object"]
 
 
 class ProxyObject:
@@ -114,6 +114,16 @@ class ProxyObject:
         """What a change must touch to matter to the control loop (our own status writes do not)."""
         return (self._body, self.deleting, self.finalized)
 
+    def _fields(self) -> tuple[object, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ProxyObject):
+            return NotImplemented
+        return self._fields() == other._fields()
+
+    __hash__ = None  # type: ignore[assignment]  # compared by value, like the dataclass it replaced
+
     def __repr__(self) -> str:
         return f"ProxyObject({self.key}, rv={self.resource_version}, deleting={self.deleting})"
 
@@ -156,7 +166,11 @@ def _slim_status(status: Obj) -> Obj:
     return kept
 
 
-def _object(obj: Obj) -> ProxyObject:
+def proxy_object(raw: Obj) -> ProxyObject:
+    """What the watch keeps of a listed or watched Proxy, made as each page or event is read: a list of
+    10,000 kept as dicts until the last page left the heap fragmented for good (in-process: +36 MiB against
+    +13 MiB when each object is made compact at once)."""
+    obj = slim_proxy(raw)
     meta = obj["metadata"]
     body_meta = {k: v for k, v in meta.items() if k not in ("resourceVersion", "finalizers")}
     return ProxyObject(
@@ -446,7 +460,7 @@ class KubernetesSource:
                 path,
                 on_list=self._proxy_lister(path),
                 on_event=self._proxy_event,
-                slim=slim_proxy,
+                slim=proxy_object,  # kept compact from the page on: see proxy_object
                 name=f"proxies {_namespace_of(path) or '*'}",
             )
             for path in proxy_paths
@@ -475,11 +489,11 @@ class KubernetesSource:
         ]
         return watchers
 
-    def _proxy_lister(self, path: str) -> Callable[[list[Obj]], None]:
+    def _proxy_lister(self, path: str) -> Callable[[list[ProxyObject]], None]:
         namespace = _namespace_of(path)
 
-        def on_list(items: list[Obj]) -> None:
-            fresh = {obj.key: obj for obj in map(_object, items)}
+        def on_list(items: list[ProxyObject]) -> None:
+            fresh = {obj.key: obj for obj in items}
             with self._lock:
                 for key in list(self._objects):
                     if (namespace is None or key.startswith(f"{namespace}/")) and key not in fresh:
@@ -495,8 +509,7 @@ class KubernetesSource:
 
         return on_list
 
-    def _proxy_event(self, kind: str, raw: Obj) -> None:
-        obj = _object(raw)
+    def _proxy_event(self, kind: str, obj: ProxyObject) -> None:
         dirtied = True
         with self._lock:
             if kind == "DELETED":

@@ -17,7 +17,7 @@ from kubernetes.client import ApiClient
 from service.kube.client import request_json
 from service.kube.settings import KubeSettings
 from service.sources.contract import SourceChange
-from service.sources.kubernetes import FINALIZER, PAUSED, RECONCILE_REQUESTED, KubernetesSource, slim_proxy
+from service.sources.kubernetes import FINALIZER, PAUSED, RECONCILE_REQUESTED, KubernetesSource, proxy_object
 from stacks.models import Proxy
 from stacks.models.conditions import Reason
 
@@ -188,7 +188,7 @@ def test_an_invalid_object_is_held_with_its_reason(kube_client, namespace, make_
     # The finalizer's own MODIFIED event must be in before the injected one, or it would overwrite it.
     wait_for(lambda: (obj := source.object(f"{namespace}/p1")) is not None and obj.finalized)
     created["spec"]["port"] = 0
-    source._proxy_event("MODIFIED", slim_proxy(created))
+    source._proxy_event("MODIFIED", proxy_object(created))
     change = poll_until(source, lambda c: f"{namespace}/p1" in c.held)
     assert change.held[f"{namespace}/p1"].reason == Reason.INVALID_SPEC
     assert "port" in change.held[f"{namespace}/p1"].message
