@@ -47,7 +47,7 @@ class Upserts(Sequence[Proxy]):
         self._items.append(proxy if isinstance(proxy, PackedProxy) else PackedProxy(proxy))
 
     def extend(self, proxies: Iterable[Proxy | PackedProxy]) -> None:
-        for proxy in proxies:
+        for proxy in proxies.packed() if isinstance(proxies, Upserts) else proxies:
             self.append(proxy)
 
     def __iadd__(self, proxies: Iterable[Proxy | PackedProxy]) -> Upserts:
