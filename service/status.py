@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,13 +34,16 @@ class Event:
 
 @dataclass
 class StatusBoard:
-    """The status of every proxy. Each is kept as compact JSON (`_pack`), a fifth of a model's size (a
-    cluster has 10,000 Proxies), and decoded where it is read or changed: callers get their own copy."""
+    """The status of every proxy. Each is kept as compressed JSON (`_pack`), a tenth of a model's size (a
+    cluster has 10,000 Proxies), and decoded where it is read or changed: callers get their own copy. The
+    derived Ready condition is derived again where it is shown; only its status and time are kept."""
 
     now: Callable[[], datetime] = lambda: datetime.now(UTC)
-    _status: dict[str, str] = field(default_factory=dict)  # key -> ProxyStatus
+    _status: dict[str, bytes] = field(default_factory=dict)  # key -> ProxyStatus
     _deleting: set[str] = field(default_factory=set)
-    _ready: dict[str, str] = field(default_factory=dict)  # key -> the derived Ready condition
+    # key -> the derived Ready condition's status and the time it took it
+    _ready: dict[str, tuple[str, datetime | None]] = field(default_factory=dict)
+    _held: set[str] = field(default_factory=set)  # keys with Held=True
     _events: deque[Event] = field(default_factory=lambda: deque(maxlen=1000))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _listeners: list[Callable[[str], None]] = field(default_factory=list)
@@ -62,10 +66,13 @@ class StatusBoard:
         """The status as the cluster shows it: with the derived Ready condition; None once dropped."""
         with self._lock:
             packed, ready = self._status.get(key), self._ready.get(key)
+            deleting = key in self._deleting
         if packed is None or ready is None:
             return None
         shown = _unpack_status(packed)
-        shown.conditions.append(Condition.model_validate_json(ready))
+        condition = _ready(shown, deleting=deleting)
+        condition.last_transition_time = ready[1]
+        shown.conditions.append(condition)
         return shown
 
     def tracked(self) -> list[str]:
@@ -85,11 +92,10 @@ class StatusBoard:
     def held(self) -> dict[str, Condition]:
         """Proxies running their last applied version instead of the declared one, with the Held condition."""
         with self._lock:
-            packed = dict(self._status)
+            packed = {key: self._status[key] for key in self._held}
         return {
             key: condition
             for key, text in packed.items()
-            if _HELD_TRUE in text  # most are not held: decode only those that may be
             for condition in _unpack_status(text).conditions
             if condition.type == ConditionType.HELD and condition.status == "True"
         }
@@ -203,6 +209,7 @@ class StatusBoard:
             existed = self._status.pop(key, None) is not None
             self._ready.pop(key, None)
             self._deleting.discard(key)
+            self._held.discard(key)
         if existed:
             self._changed(key)
 
@@ -222,42 +229,43 @@ class StatusBoard:
     def _store(self, key: str, status: ProxyStatus) -> None:
         """Derive phase and Ready from the conditions and keep both (under the lock); Ready's time moves
         with its status only."""
-        running = status.last_operation is not None and status.last_operation.result == Operation.IN_PROGRESS
         deleting = key in self._deleting
-        status.phase = phase_of(_statuses(status), running=running, deleting=deleting)
-        ready = _ready(status, running=running, deleting=deleting)
-        old_text = self._ready.get(key)
-        old = Condition.model_validate_json(old_text) if old_text is not None else None
-        if old is not None and old.status == ready.status:
-            ready.last_transition_time = old.last_transition_time
-        else:
-            ready.last_transition_time = self.now()
+        status.phase = phase_of(_statuses(status), running=_running(status), deleting=deleting)
+        ready = _ready(status, deleting=deleting).status
+        old = self._ready.get(key)
+        self._ready[key] = old if old is not None and old[0] == ready else (ready, self.now())
         self._status[key] = _pack(status)
-        self._ready[key] = _pack(ready)
+        if _statuses(status).get(ConditionType.HELD) == "True":
+            self._held.add(key)
+        else:
+            self._held.discard(key)
 
     def _changed(self, key: str) -> None:
         for listener in self._listeners:
             listener(key)
 
 
-def _pack(model: ProxyStatus | Condition) -> str:
-    return model.model_dump_json(by_alias=True, exclude_defaults=True)
+def _pack(status: ProxyStatus) -> bytes:
+    # Compressed: a status repeats its messages (Ready borrows its cause's), zlib keeps about a third.
+    return zlib.compress(status.model_dump_json(by_alias=True, exclude_defaults=True).encode(), 1)
 
 
-def _unpack_status(text: str) -> ProxyStatus:
-    return ProxyStatus.model_validate_json(text)
+def _unpack_status(packed: bytes) -> ProxyStatus:
+    return ProxyStatus.model_validate_json(zlib.decompress(packed))
 
 
-_HELD_TRUE = _pack(Condition(type=ConditionType.HELD, status="True"))[:-1]  # '{"type":"Held","status":"True"'
+def _running(status: ProxyStatus) -> bool:
+    return status.last_operation is not None and status.last_operation.result == Operation.IN_PROGRESS
 
 
 def _statuses(status: ProxyStatus) -> dict[str, str]:
     return {c.type: c.status for c in status.conditions}
 
 
-def _ready(status: ProxyStatus, *, running: bool, deleting: bool) -> Condition:
-    """The derived Ready condition; when False it borrows the reason and message of what stands in the way."""
-    true, reason = ready_of(_statuses(status), running=running, deleting=deleting)
+def _ready(status: ProxyStatus, *, deleting: bool) -> Condition:
+    """The derived Ready condition (its time is the board's); when False it borrows the reason and message
+    of what stands in the way."""
+    true, reason = ready_of(_statuses(status), running=_running(status), deleting=deleting)
     cause = next((c for c in status.conditions if c.type == _CAUSES.get(reason)), None)
     if cause is not None:
         reason, message = cause.reason, cause.message

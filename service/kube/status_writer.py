@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -59,8 +60,9 @@ class StatusWriter(Worker):
         self.api, self.board, self.lookup = api, board, lookup
         self.backoff, self.monotonic = backoff, monotonic
         self.writes = 0  # status writes sent (metrics, tests)
-        # uid -> the status last written (or read) for it, as compact JSON (one per Proxy: kept small)
-        self._written: dict[str, str] = {}
+        # uid -> the status last written (or read) for it: compressed JSON, one per Proxy (a status repeats
+        # its messages in Ready and in the condition behind it: zlib keeps about a third)
+        self._written: dict[str, bytes] = {}
         self._uids: dict[str, str] = {}  # key -> uid, to forget what was written for a dropped key
         self._dirty: set[str] = set()
         self._retry_at: dict[str, float] = {}
@@ -137,7 +139,7 @@ class StatusWriter(Worker):
             return
         self._uids[key] = ref.uid
         packed = self._written.get(ref.uid)
-        base = self._read(ref) if packed is None else json.loads(packed)
+        base = self._read(ref) if packed is None else json.loads(zlib.decompress(packed))
         rendered = keep_history(keep_transition_times(render(status), base), base)
         if rendered != base:
             request_json(
@@ -149,7 +151,7 @@ class StatusWriter(Worker):
                 timeout=(5, 30),
             )
             self.writes += 1
-        self._written[ref.uid] = json.dumps(rendered, separators=(",", ":"))
+        self._written[ref.uid] = zlib.compress(json.dumps(rendered, separators=(",", ":")).encode(), 1)
 
     def _read(self, ref: ProxyRef) -> Json:
         live = request_json(self.api, "GET", ref.path("status"), timeout=(5, 30))

@@ -26,6 +26,7 @@ import binascii
 import json
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -96,7 +97,7 @@ class ProxyObject:
 
     @property
     def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return sys.intern(f"{self.namespace}/{self.name}")  # one string per Proxy, as Proxy.key
 
     @property
     def body(self) -> Obj:
