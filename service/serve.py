@@ -77,6 +77,9 @@ def build_service(
         raise
 
 
+BACKLOG = 2048  # uvicorn's default
+
+
 class ListenError(Exception):
     """The API's address cannot be bound (in use, not an address of this machine, no permission)."""
 
@@ -87,6 +90,9 @@ def bind_listener(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
+        # Listening now, not when uvicorn starts: `serve` prints its address before that, and a client
+        # that connected at once was refused (a bench run lost its folder-mode service to it).
+        sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()
         raise ListenError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc

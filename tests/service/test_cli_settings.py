@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from service.cli import app
 from service.cli_settings import command_settings
+from service.serve import bind_listener
 from tests.conftest import PulumiEnv
 
 
@@ -160,6 +161,17 @@ def test_a_port_in_use_is_one_line(empty: Path) -> None:
         line = one_error_line(serve("--port", str(port), manifests=empty))
     assert line.startswith(f"error: --host/--port: cannot listen on 127.0.0.1:{port}: ")
     assert "in use" in line
+
+
+def test_the_api_socket_accepts_connections_once_bound() -> None:
+    """`serve` prints its address after binding and before uvicorn starts: a client that connects at once
+    must be queued, not refused (a bench lost its service to the refusal)."""
+    listener = bind_listener("127.0.0.1", 0)
+    try:
+        with socket.create_connection(listener.getsockname()[:2], timeout=5):
+            pass
+    finally:
+        listener.close()
 
 
 @pytest.mark.parametrize(
