@@ -32,11 +32,13 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def _candidates() -> list[int]:
+def _candidates(width: int = 1) -> list[int]:
+    """First ports of `width` consecutive ones below the ephemeral range, in random order (two runs starting
+    together do not walk the same order)."""
     low = _ephemeral_low()
     top = low - 1 if low - 1 > _FLOOR + 1000 else _FLOOR + _SPAN
-    ports = list(range(max(_FLOOR, top - _SPAN), top + 1))
-    random.shuffle(ports)  # two runs starting together do not walk the same order
+    ports = list(range(max(_FLOOR, top - _SPAN), top - width + 2))
+    random.shuffle(ports)
     return ports
 
 
@@ -64,10 +66,27 @@ def _claim(port: int) -> bool:
     return True
 
 
+def _release(port: int) -> None:
+    os.close(_held.pop(port))
+
+
 def free_port() -> int:
     """A loopback TCP port outside the ephemeral range, free now and reserved for this process."""
+    return free_range(1)
+
+
+def free_range(width: int) -> int:
+    """The first of `width` consecutive loopback ports outside the ephemeral range, all free now and
+    reserved for this process (children on a shared host take ports upwards from a base)."""
     with _guard:
-        for port in _candidates():
-            if port not in _held and _claim(port):
-                return port
-    raise RuntimeError(f"no free loopback port below the ephemeral range (lock files in {_LOCKS})")
+        for base in _candidates(width):
+            claimed = []
+            for port in range(base, base + width):
+                if port in _held or not _claim(port):
+                    break
+                claimed.append(port)
+            else:
+                return base
+            for port in claimed:
+                _release(port)
+    raise RuntimeError(f"no {width} free loopback ports below the ephemeral range (lock files in {_LOCKS})")

@@ -8,7 +8,6 @@ until the queue is drained, probe every proxy once through it to a local site.
 from __future__ import annotations
 
 import os
-import random
 import socket
 import threading
 import time
@@ -34,6 +33,7 @@ from service.runner import _settle
 from service.settings import DiscoverySettings
 from service.sources.directory import DirectorySource
 from tests.automation.fleet import CountingEngine, Fleet
+from tests.ports import free_range
 from tests.service.site import Site
 
 START = 1_700_000_000.0
@@ -123,21 +123,8 @@ class PoolRig:
 
 def free_base(width: int = 20) -> int:
     """A base port below the ephemeral range (where the engine's own servers bind at random) with `width`
-    free ports above it: children on a shared host take ports upwards from it."""
-    rng = random.Random()
-    while True:
-        base = rng.randrange(20000, 32000 - width)
-        if all(_free(port) for port in range(base, base + width)):
-            return base
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-        return True
+    free ports above it, reserved (tests/ports.py): children on a shared host take ports upwards from it."""
+    return free_range(width)
 
 
 def accepts(port: int) -> bool:
