@@ -325,12 +325,12 @@ class Controller:
         published = outputs.get("proxies") or {}
         credentials = outputs.get("credentials") or {}
         for planned in plan.proxies:
-            key = planned.key
+            key, proxy = planned.key, planned.proxy  # decoded once: a plan holds packed proxies
             out = published.get(key)
             address = Address(host=out["host"], port=int(out["port"])) if out and out.get("host") else None
             self.status.set_applied(key, stack=plan.name, spec_hash=planned.spec_hash, address=address)
-            if planned.proxy.metadata.generation is not None:
-                self.status.observe(key, generation=planned.proxy.metadata.generation)
+            if proxy.metadata.generation is not None:
+                self.status.observe(key, generation=proxy.metadata.generation)
             if out is None or key in (missing or set()):
                 continue  # left out, or its resources are gone (drift reported): claim nothing
             held_back = key in (held or set()) or self.planner.held_version(key) is not None
@@ -346,9 +346,7 @@ class Controller:
                     out["port"],
                     extra={"fields": {"proxy": key, "stack": plan.name}},
                 )
-            self._publish(
-                endpoint_of(planned.proxy, stack=plan.name, out=out, creds=credentials.get(key) or {})
-            )
+            self._publish(endpoint_of(proxy, stack=plan.name, out=out, creds=credentials.get(key) or {}))
         if result is not None and result.changed:
             log.info(
                 "stack %s applied: %s", plan.name, result.changes, extra={"fields": {"stack": plan.name}}

@@ -10,9 +10,7 @@ import json
 import os
 import signal
 import socket
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -23,31 +21,16 @@ from stacks.programs import local_process as proc
 from stacks.programs.local import LocalProxyProvider
 from tests.conftest import ROOT, PulumiEnv
 from tests.ports import free_port
+from tests.security.loopback_site import serve_page
 
 PAGE = b"hello through the proxy\n"
 KEY = "crawl/alpha"
 
 
-class _Page(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PAGE)))
-        self.end_headers()
-        self.wfile.write(PAGE)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def origin() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, name="origin", daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
-    thread.join()
+    with serve_page(PAGE) as port:
+        yield f"http://127.0.0.1:{port}/"
 
 
 def allow_origin(origin: str) -> dict[str, object]:
