@@ -99,6 +99,9 @@ class PoolSource:
                 self._children.setdefault(proxy.key, member)
         self.inner.track(rest)
 
+    def backend_loaded(self) -> None:
+        self.inner.backend_loaded()
+
     def release(self, key: str) -> None:
         if self._leaving.pop(key, None) is None:
             self.inner.release(key)
