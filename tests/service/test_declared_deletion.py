@@ -90,7 +90,9 @@ def make_controller(folder: Folder, engine: RecordingEngine, state: Path, **over
         backoff_base_seconds=0.01,
         backoff_cap_seconds=0.02,
         resync_seconds=0,
-        **overrides,
+        # sync() is called by hand here: deletions are judged at once (the window's quiet point is tested
+        # in tests/service/test_deletion_window.py); removals still add up over the window's horizon
+        **{"deletion_window_quiet_seconds": 0.0, **overrides},
     )
     return Controller(
         settings=settings,
