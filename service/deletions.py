@@ -12,8 +12,9 @@ in one poll were held while the same 20 in five polls of four all went. So remov
   counts, those already let through included, against the fleet at the window's opening: once the
   window's total is over budget, what is pending is held as one change with one id, and later
   deletions join it (a new id, reported again) until someone allows it.
-- An allowance names one change id and is used up when that change goes. Allowances live in the
-  `Allowances` the in-cluster mode keeps across terms, so a new leader honours the one given to the old.
+- An allowance names one change id and is used up once that change's proxies are released. Allowances
+  live in the `Allowances` the in-cluster mode keeps across terms, so a new leader honours the one given
+  to the old. Only a held change can be allowed: an unknown id is refused and recorded nowhere.
 - Deletions that remove nothing (skip-cleanup forgets, never applied) are not held, and do not count.
 """
 
@@ -28,15 +29,32 @@ from stacks.models import Proxy
 
 @dataclass
 class Allowances:
-    """The change ids someone allowed (POST /v1/deletions/{id}/allow, `up --allow-deletions`)."""
+    """The change ids someone allowed (POST /v1/deletions/{id}/allow, `up --allow-deletions`), each with
+    the proxies it still has to remove: an allowance is used up once the last of them is released, not
+    when it is judged, so a handover between the allowance and the removal does not lose it."""
 
-    ids: set[str] = field(default_factory=set)
+    remaining: dict[str, set[str] | None] = field(default_factory=dict)  # None: keys not known yet
 
-    def grant(self, change_id: str) -> None:
-        self.ids.add(change_id)
+    @property
+    def ids(self) -> set[str]:
+        return set(self.remaining)
 
-    def use(self, change_id: str) -> None:
-        self.ids.discard(change_id)
+    def grant(self, change_id: str, keys: tuple[str, ...] | None = None) -> None:
+        self.remaining[change_id] = set(keys) if keys is not None else None
+
+    def covers(self, change_id: str, keys: tuple[str, ...]) -> bool:
+        if change_id not in self.remaining:
+            return False
+        if self.remaining[change_id] is None:
+            self.remaining[change_id] = set(keys)
+        return True
+
+    def released(self, key: str) -> None:
+        for allowed, keys in list(self.remaining.items()):
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.remaining[allowed]
 
 
 @dataclass
@@ -114,10 +132,9 @@ class DeletionGate:
             held = HeldDeletion(
                 change_id=change_id(removing), keys=tuple(sorted(removing)), fleet=fleet, already=len(already)
             )
-            if held.change_id not in self.allowances.ids:
+            if not self.allowances.covers(held.change_id, held.keys):
                 self.held = held
                 return free, held
-            self.allowances.use(held.change_id)
         self.held = None
         released = [self.pending[key] for key in removing]
         self.window.removed |= set(removing)
@@ -129,7 +146,7 @@ class DeletionGate:
         """Allow the held change with this id; False (nothing recorded) when no such change is held."""
         if self.held is None or self.held.change_id != change_id:
             return False
-        self.allowances.grant(change_id)
+        self.allowances.grant(change_id, self.held.keys)
         self.held = None  # judged again at once: the allowance lets it through
         return True
 

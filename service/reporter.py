@@ -34,6 +34,7 @@ class Reporter:
         status: StatusBoard,
         leaving: Callable[[str], bool],
         on_publish: Callable[[ProxyEndpoint], None] | None = None,
+        on_released: Callable[[str], None] = lambda _key: None,
     ) -> None:
         self.planner = planner
         self.source = source
@@ -41,6 +42,7 @@ class Reporter:
         self.status = status
         self._leaving = leaving  # is this proxy's deletion waiting at the deletion gate?
         self._on_publish = on_publish  # in a cluster: the credentials Secret of each published proxy
+        self._on_released = on_released  # a deletion allowance is used up as its proxies are released
         self._source_holds: dict[str, Hold] = {}
         self._applied_hash: dict[str, str] = {}  # key -> the spec hash its stack last applied
         self._run_due: Callable[[str], bool] = lambda _name: False  # set once the reconciler exists
@@ -121,6 +123,7 @@ class Reporter:
 
     def released(self, proxy: Proxy, *, forgotten: bool = False) -> None:
         self.source.release(proxy.key)
+        self._on_released(proxy.key)
         self._applied_hash.pop(proxy.key, None)
         self.inventory.remove(proxy.key)
         self._source_holds.pop(proxy.key, None)
