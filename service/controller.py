@@ -75,7 +75,7 @@ class Controller:
             status=self.status,
             leaving=lambda key: key in self.gate.pending,
             on_publish=on_publish,
-            on_released=self.gate.allowances.released,
+            on_released=lambda key: self.gate.allowances.released(key),
         )
         self.reconciler = Reconciler(
             planner=self.planner,
