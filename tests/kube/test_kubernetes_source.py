@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-from service.kube.client import request_json
+from service.kube.client import ApiException, request_json
 from service.kube.settings import KubeSettings
 from service.sources.contract import SourceChange
 from service.sources.kubernetes import FINALIZER, PAUSED, RECONCILE_REQUESTED, KubernetesSource, proxy_object
@@ -51,11 +51,13 @@ def namespace(kube_client: ApiClient) -> str:
 def make_source(kube_client: ApiClient, namespace: str) -> Iterator[Callable[..., KubernetesSource]]:
     started: list[KubernetesSource] = []
 
-    def make(*, writes: bool = True) -> KubernetesSource:
+    def make(*, writes: bool = True, backend_read: bool = True) -> KubernetesSource:
         settings = KubeSettings(namespaces=[namespace], namespace=namespace)
         source = KubernetesSource(kube_client, settings, writes=writes)
         source.start()
         assert source.wait_synced(30), source.watch_errors()
+        if backend_read:
+            source.backend_loaded()  # as the control loop does once it read the backend's stacks
         started.append(source)
         return source
 
@@ -128,7 +130,7 @@ def test_a_follower_reads_but_never_writes(kube_client, namespace, make_source) 
     source = make_source(writes=False)
     create(kube_client, proxy_doc(namespace, "p1"))
     poll_until(source, lambda c: bool(c.upserts))
-    assert source._patches.empty(), "a follower queued a write"
+    assert source.finalizers.idle(), "a follower queued a write"
     assert not request_json(kube_client, "GET", path(namespace, "p1"))["metadata"].get("finalizers")
     source.set_writes(True)  # the same source leading: the next poll queues the finalizer, and it lands
     source.poll()
@@ -188,7 +190,7 @@ def test_an_invalid_object_is_held_with_its_reason(kube_client, namespace, make_
     # The finalizer's own MODIFIED event must be in before the injected one, or it would overwrite it.
     wait_for(lambda: (obj := source.object(f"{namespace}/p1")) is not None and obj.finalized)
     created["spec"]["port"] = 0
-    source._proxy_event("MODIFIED", proxy_object(created))
+    source.cache._proxy_event("MODIFIED", proxy_object(created))
     change = poll_until(source, lambda c: f"{namespace}/p1" in c.held)
     assert change.held[f"{namespace}/p1"].reason == Reason.INVALID_SPEC
     assert "port" in change.held[f"{namespace}/p1"].message
@@ -250,3 +252,121 @@ def test_catalogue_edits_arrive_and_a_broken_one_keeps_the_last(kube_client, nam
     assert change.catalogue is None
     assert source.catalogue is not None
     assert len(source.catalogue.providers) == 2
+
+
+# --- what a deletion removes, decided only on what the source knows (issue 17, item 1) -------------------
+# `track` stands for what the backend's stacks hold (their output copy carries no annotations) and
+# `backend_loaded` for the control loop having read them.
+
+SKIP = "crawl.example.com/skip-cleanup"
+
+
+def finalizers(api: ApiClient, namespace: str, name: str) -> list[str]:
+    return request_json(api, "GET", path(namespace, name))["metadata"].get("finalizers") or []
+
+
+def applied(namespace: str, name: str) -> Proxy:
+    """The version a stack's outputs hold: no annotations."""
+    doc = proxy_doc(namespace, name)
+    doc["metadata"]["annotations"] = {}
+    return Proxy.model_validate(doc)
+
+
+def deleting(api: ApiClient, source: KubernetesSource, namespace: str, name: str, **annotations: str) -> None:
+    create(api, proxy_doc(namespace, name, **annotations))
+    wait_for(lambda: polled(source) and FINALIZER in finalizers(api, namespace, name))
+    request_json(api, "DELETE", path(namespace, name))
+    key = f"{namespace}/{name}"
+    wait_for(lambda: (obj := source.object(key)) is not None and obj.deleting)  # the watch has seen it
+
+
+def polled(source: KubernetesSource) -> bool:
+    """Poll once (the source judges, and queues its finalizer writes, inside poll)."""
+    source.poll()
+    return True
+
+
+def test_a_new_term_removes_no_finalizer_before_the_backend_is_read(
+    kube_client, namespace, make_source
+) -> None:
+    """The review's finding: a new term polled before it read the backend, judged a deleting Proxy it did
+    not know as "never applied", and removed its finalizer: the object went while its resources ran."""
+    source = make_source()
+    deleting(kube_client, source, namespace, "p1")
+    source.replay()  # a new term: it knows nothing yet
+    for _ in range(20):
+        assert source.poll().deletions == []
+        time.sleep(0.05)
+    time.sleep(0.5)
+    assert FINALIZER in finalizers(kube_client, namespace, "p1"), (
+        "finalizer removed before the backend was read"
+    )
+
+    source.track([applied(namespace, "p1")])  # the backend holds it applied
+    source.backend_loaded()
+    change = poll_until(source, lambda c: bool(c.deletions))
+    assert [p.key for p in change.deletions] == [f"{namespace}/p1"]
+    assert FINALIZER in finalizers(kube_client, namespace, "p1")  # stays until its resources are gone
+
+
+def test_a_deleting_proxy_the_backend_does_not_hold_is_let_go_once_it_was_read(
+    kube_client, namespace, make_source
+) -> None:
+    source = make_source()
+    deleting(kube_client, source, namespace, "p2")
+    source.replay()  # a new term
+    for _ in range(10):
+        source.poll()
+        time.sleep(0.05)
+    assert FINALIZER in finalizers(kube_client, namespace, "p2")
+    source.backend_loaded()  # read: the backend does not hold it, so it was never applied
+    wait_for(lambda: polled(source) and request_json_or_none(kube_client, path(namespace, "p2")) is None)
+
+
+def test_skip_cleanup_comes_from_the_live_object(kube_client, namespace, make_source) -> None:
+    """The deletion was rebuilt from the stack output copy, which has no annotations: a skip-cleanup
+    Proxy was destroyed instead of forgotten."""
+    source = make_source(backend_read=False)
+    source.track([applied(namespace, "p3")])
+    source.backend_loaded()
+    deleting(kube_client, source, namespace, "p3", **{SKIP: "true"})
+    change = poll_until(source, lambda c: bool(c.deletions))
+    assert change.deletions[-1].metadata.annotations.get(SKIP) == "true"
+
+
+def test_skip_cleanup_added_during_a_deletion_is_passed_on(kube_client, namespace, make_source) -> None:
+    """The documented way out of a stuck deletion: add skip-cleanup to the Deleting Proxy."""
+    source = make_source()
+    deleting(kube_client, source, namespace, "p4")
+    change = poll_until(source, lambda c: bool(c.deletions))
+    assert SKIP not in change.deletions[-1].metadata.annotations
+    merge(kube_client, path(namespace, "p4"), {"metadata": {"annotations": {SKIP: "true"}}})
+    change = poll_until(source, lambda c: bool(c.deletions))
+    assert change.deletions[-1].metadata.annotations.get(SKIP) == "true"
+
+
+def test_a_proxy_made_again_after_a_vanished_deletion_can_be_deleted_again(
+    kube_client, namespace, make_source
+) -> None:
+    """A key left among the deletions in progress made a later real deletion hang."""
+    source = make_source()
+    deleting(kube_client, source, namespace, "p5")
+    poll_until(source, lambda c: bool(c.deletions))
+    merge(kube_client, path(namespace, "p5"), {"metadata": {"finalizers": None}})  # force-removed by hand
+    wait_for(lambda: request_json_or_none(kube_client, path(namespace, "p5")) is None)
+    source.poll()
+    create(kube_client, proxy_doc(namespace, "p5", port=18501))
+    poll_until(source, lambda c: bool(c.upserts))
+    wait_for(lambda: polled(source) and FINALIZER in finalizers(kube_client, namespace, "p5"))
+    request_json(kube_client, "DELETE", path(namespace, "p5"))
+    change = poll_until(source, lambda c: bool(c.deletions))
+    assert [p.key for p in change.deletions] == [f"{namespace}/p5"]
+
+
+def request_json_or_none(api: ApiClient, where: str) -> dict[str, Any] | None:
+    try:
+        return request_json(api, "GET", where)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
