@@ -15,6 +15,7 @@ credentials replaces the process (stop first: the new one wants the same port).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,25 @@ def _config(props: dict[str, Any]) -> ProxyConfig:
     )
 
 
+def _stop_interrupted(starting: Path, config_file: Path) -> None:
+    """Stop the proxy an interrupted create of this proxy started: the engine holds it as a pending create
+    with no pid, so nothing else would (and it holds the port the new process needs). Only a process that
+    is still the one recorded (pid and start time) and runs on this proxy's own config file is stopped; a
+    forgotten (skip-cleanup) proxy has no such file: its create finished."""
+    try:
+        recorded = json.loads(starting.read_text())
+        ref = proc.ProcessRef(pid=int(recorded["pid"]), start_time=int(recorded["start_time"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    try:
+        cmdline = Path(f"/proc/{ref.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        cmdline = []
+    if proc.is_running(ref) and str(config_file).encode() in cmdline:
+        proc.stop(ref)
+    starting.unlink(missing_ok=True)
+
+
 class LocalProxyProvider(ResourceProvider):
     """CRUD for one proxy process; instances are stateless so dill pickles them by reference."""
 
@@ -68,11 +88,22 @@ class LocalProxyProvider(ResourceProvider):
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         log_path = state_dir / f"{props['stem']}.log"
         config_file = state_dir / f"{props['stem']}.json"
+        starting = state_dir / f"{props['stem']}.starting"
+        _stop_interrupted(starting, config_file)
         config = _config(props)
         config.write(config_file)
         ref = proc.spawn(proc.proxy_command(config_file), log_path=log_path)
+        # Until create returns (and the engine records it), only this file knows the process: a create cut
+        # short (the service SIGKILLed mid-`up`) leaves it, and the next create stops that orphan first.
+        starting.write_text(json.dumps({"pid": ref.pid, "start_time": ref.start_time}))
         host = proc.probe_host(props["bind_address"])
-        proc.wait_until_listening(ref, host=host, port=int(props["port"]), log_path=log_path)
+        try:
+            proc.wait_until_listening(ref, host=host, port=int(props["port"]), log_path=log_path)
+        except BaseException:
+            proc.stop(ref)
+            raise
+        finally:
+            starting.unlink(missing_ok=True)
         runtime = {"pid": ref.pid, "start_time": ref.start_time, "log_path": str(log_path)}
         outs = {**props, **runtime, "control": config.control}
         return CreateResult(id_=f"{ref.pid}-{ref.start_time}", outs=outs)
@@ -98,7 +129,7 @@ class LocalProxyProvider(ResourceProvider):
             proc.stop(ref)
         stem = props.get("stem")
         if stem and props.get("state_dir"):
-            for suffix in (".json", ".auth"):  # .auth: pproxy's file, from before the upgrade
+            for suffix in (".json", ".auth", ".starting"):  # .auth: pproxy's file, from before the upgrade
                 Path(props["state_dir"], f"{stem}{suffix}").unlink(missing_ok=True)
         if props.get("control"):  # the proxy removes it on a clean exit; not after a SIGKILL
             Path(props["control"]).unlink(missing_ok=True)

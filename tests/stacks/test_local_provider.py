@@ -199,3 +199,41 @@ def test_socks5_process_authenticates_and_delete_stops_it(tmp_path: Path, origin
         provider.delete(created.id, created.outs)
     assert not proc.is_running(ref)
     assert not (tmp_path / "crawl_socks.json").exists()
+
+
+def test_a_create_cut_short_leaves_no_process_in_the_way(tmp_path: Path, origin: str) -> None:
+    """The fault campaign's finding: the service SIGKILLed during an `up` left the proxy its create had
+    started (the engine held a pending create with no pid); every later create of it failed with
+    EADDRINUSE and the stack stayed stuck. Now the next create stops that orphan first."""
+    port = free_port()
+    props = {"state_dir": str(tmp_path), "stem": "crawl_cut", "bind_address": "127.0.0.1", "port": port}
+    props |= {"protocol": "http", "username": None, "egress": allow_origin(origin)}
+    provider = LocalProxyProvider()
+    first = provider.create(props)  # stands for the interrupted one: its process runs, the engine forgot it
+    orphan = proc.ProcessRef(pid=first.outs["pid"], start_time=first.outs["start_time"])
+    (tmp_path / "crawl_cut.starting").write_text(
+        json.dumps({"pid": orphan.pid, "start_time": orphan.start_time})
+    )
+    second = provider.create(props)
+    try:
+        assert not proc.is_running(orphan), "the orphan of the interrupted create still runs"
+        assert proc.is_running(proc.ProcessRef(pid=second.outs["pid"], start_time=second.outs["start_time"]))
+        assert not (tmp_path / "crawl_cut.starting").exists()
+    finally:
+        provider.delete(second.id, second.outs)
+
+
+def test_a_forgotten_proxy_is_not_stopped_by_a_new_create(tmp_path: Path, origin: str) -> None:
+    """A finished create leaves no trace: a forgotten (skip-cleanup) process is never taken for an orphan."""
+    port = free_port()
+    props = {"state_dir": str(tmp_path), "stem": "crawl_kept", "bind_address": "127.0.0.1", "port": port}
+    props |= {"protocol": "http", "username": None, "egress": allow_origin(origin)}
+    provider = LocalProxyProvider()
+    kept = provider.create(props)
+    ref = proc.ProcessRef(pid=kept.outs["pid"], start_time=kept.outs["start_time"])
+    try:
+        with pytest.raises(proc.ProxyStartError):
+            provider.create(props)  # its port is taken by the forgotten one: refused, not stolen
+        assert proc.is_running(ref)
+    finally:
+        proc.stop(ref)
