@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import re
 import threading
 import time
 from typing import Any
@@ -27,7 +26,6 @@ from tests.faults.replicas import ReplicaSet, cmdline
 from tests.faults.world import World, listeners
 
 HOLD_WINDOW = 8.0  # seconds after a mass deletion during which the campaign does not allow it
-_CHANGE = re.compile(r"allow change (\S+) once")
 
 
 class Watcher:
@@ -86,7 +84,7 @@ class Watcher:
                                    f"{tracked.name} destroyed {now - mass.started:.1f} s into mass deletion "
                                    f"#{mass.number} ({len(mass.names)} of the fleet) before any allowance",
                                    tracked)  # fmt: skip
-        self.allow_held(objects or {})
+        self.allow_held()
         self.check_overlaps()
         for replica in self.replicas.replicas:
             if not replica.expected_exit and not replica.alive():
@@ -102,36 +100,32 @@ class Watcher:
                 self.reported_overlaps.add(key)
                 self.world.violate("overlap", pair.describe())
 
-    def allow_held(self, objects: dict[str, dict[str, Any]]) -> None:
-        """The human on call: a held deletion is allowed on the leader once no mass deletion is in its hold
-        window (so the campaign sees whether the budget holds one)."""
+    def allow_held(self) -> None:
+        """The human on call: the change the leader's budget holds (`GET /v1/deletions`) is allowed
+        (`POST /v1/deletions/<id>/allow`) once no mass deletion is in its hold window (so the campaign sees
+        whether the budget holds one)."""
         now = time.time()
         if any(m.allowed is None and now - m.started < HOLD_WINDOW for m in self.world.masses):
             return
         leader = self.replicas.leader()
         if leader is None:
             return
-        for obj in objects.values():
-            for condition in (obj.get("status") or {}).get("conditions") or []:
-                found = _CHANGE.search(condition.get("message") or "")
-                if condition.get("reason") != "DeletionHeld" or not found:
-                    continue
-                change = found.group(1).rstrip(".,;:`)")
-                if change in self.allowed:
-                    continue
-                try:
-                    response = httpx.post(f"http://127.0.0.1:{leader.port}/v1/deletions/{change}/allow",
-                                          headers={"Authorization": f"Bearer {leader.dev_token()}"},
-                                          timeout=5)  # fmt: skip
-                except (httpx.HTTPError, OSError):
-                    continue
-                self.world.note(
-                    f"allowed held deletion {change} on {leader.identity}: {response.status_code}"
-                )
-                if response.status_code < 300:
-                    self.allowed.add(change)
-                    for mass in self.world.masses:
-                        mass.allowed = mass.allowed or now
+        url, token = f"http://127.0.0.1:{leader.port}/v1/deletions", leader.dev_token()
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            held = (httpx.get(url, headers=headers, timeout=5).json() or {}).get("held")
+            if not held or held["changeId"] in self.allowed:
+                return
+            change = held["changeId"]
+            response = httpx.post(f"{url}/{change}/allow", headers=headers, timeout=5)
+        except (httpx.HTTPError, OSError, ValueError, KeyError):
+            return
+        self.world.note(f"allowed held deletion {change} ({len(held.get('proxies') or [])} proxies) on "
+                        f"{leader.identity}: {response.status_code}")  # fmt: skip
+        if response.status_code < 300:
+            self.allowed.add(change)
+            for mass in self.world.masses:
+                mass.allowed = mass.allowed or now
 
 
 def settle(world: World, replicas: ReplicaSet, *, bound: float) -> None:

@@ -142,9 +142,9 @@ def parse(lines: Iterable[str], closed: dict[tuple[int, float], float] | None = 
         except ValueError:
             continue
         pid = int(entry.get("pid", 0))
-        if entry.get("event") == "start":
+        if entry.get("event") == "start":  # a stack `org/project/name` or `name`: compared by name
             call = Call(pid=pid, start=float(entry["time"]), argv=list(entry.get("argv") or []),
-                        stack=str(entry.get("stack") or ""), replica=entry.get("replica"),
+                        stack=str(entry.get("stack") or "").rsplit("/", 1)[-1], replica=entry.get("replica"),
                         term=entry.get("term"), cwd=str(entry.get("cwd") or ""))  # fmt: skip
             calls.append(call)
             open_by_pid[pid] = call
