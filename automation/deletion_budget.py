@@ -33,10 +33,16 @@ class HeldDeletion:
     change_id: str
     keys: tuple[str, ...]
     fleet: int
+    already: int = 0  # removals of the same deletion window that went before (service/deletions.py)
 
     def message(self, *, budget: DeletionBudget) -> str:
+        earlier = (
+            f" ({self.already} more already removed in this deletion window count toward the budget)"
+            if self.already
+            else ""
+        )
         return (
-            f"this change would remove {len(self.keys)} of {self.fleet} running proxies (more than "
+            f"this change would remove {len(self.keys)} of {self.fleet} running proxies{earlier} (more than "
             f"{budget.max_share:.0%} and more than {budget.min_count}): nothing was removed. If you mean it, "
             f"allow change {self.change_id} once (`proxy-operator up --allow-deletions {self.change_id}`, or "
             f"POST /v1/deletions/{self.change_id}/allow on a running service); otherwise restore the Proxies"

@@ -63,6 +63,23 @@ class OperatorSettings(BaseSettings):
     deletion_budget_count: int = Field(
         5, ge=0, description="Removals up to this many proxies at once never need an allowance."
     )
+    deletion_window_quiet_seconds: float = Field(
+        2.0,
+        ge=0,
+        le=60,
+        description="Declared deletions are judged by the deletion budget once none has arrived for this "
+        "long, so a mass deletion arriving over many events is one change (docs/operations.md).",
+    )
+    deletion_window_longest_seconds: float = Field(
+        30.0, ge=0, le=600, description="...or at the latest this long after the oldest waiting one."
+    )
+    deletion_window_horizon_seconds: float = Field(
+        600.0,
+        ge=0,
+        le=86400,
+        description="Removals count together toward the budget, against the fleet as it stood at the first, "
+        "until none has been declared for this long.",
+    )
     repair_interval_seconds: float = Field(
         60.0,
         ge=0,

@@ -11,24 +11,26 @@ events. The loop survives any error of one pass (logged with its traceback, trie
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
-from automation.deletion_budget import DeletionBudget, HeldDeletion, assess
-from automation.engine import Engine, OperationResult, PreviewStep, interrupt_children
+from automation.deletion_budget import DeletionBudget, HeldDeletion
+from automation.engine import Engine, Term
 from automation.errors import PermanentError, ProxyOperatorError, StackNotOwnedError
-from automation.planner import Planner, StackPlan, is_deleting, wants_skip_cleanup
+from automation.planner import Planner, is_deleting, wants_skip_cleanup
 from automation.queue import WorkQueue
-from automation.queue_state import QueueState, StackQueueState
 from automation.reconciler import Reconciler
 from service.config import OperatorSettings
+from service.deletions import Allowances, DeletionGate
 from service.inventory import Inventory, ProxyEndpoint
-from service.sources.contract import Hold, Source, SourceChange
+from service.reporter import Reporter, endpoint_of
+from service.sources.contract import Hold, Source
 from service.status import StatusBoard
-from stacks.models import Address, Proxy
-from stacks.models.conditions import ConditionType, Reason
+from stacks.models import Proxy
+from stacks.models.conditions import Reason
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +46,41 @@ class Controller:
         status: StatusBoard | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         on_publish: Callable[[ProxyEndpoint], None] | None = None,
+        term: Term | None = None,
+        allowances: Allowances | None = None,
     ) -> None:
         self.settings = settings
-        self.engine = engine
+        # Every CLI call of this controller belongs to its term: none starts once the term has ended, and
+        # close() waits until the last one is gone (automation/engine/term.py).
+        self.term = term or Term("controller")
+        self.engine = engine.in_term(self.term)
         self.source = source
         self.inventory = inventory
         self.status = status or StatusBoard()
-        self._on_publish = on_publish  # in a cluster: the credentials Secret of each published proxy
         self.planner = Planner()
+        self.gate = DeletionGate(
+            DeletionBudget(
+                max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
+            ),
+            monotonic=monotonic,
+            allowances=allowances,
+            quiet=settings.deletion_window_quiet_seconds,
+            longest=settings.deletion_window_longest_seconds,
+            horizon=settings.deletion_window_horizon_seconds,
+        )
+        self.reporter = Reporter(
+            planner=self.planner,
+            source=source,
+            inventory=inventory,
+            status=self.status,
+            leaving=lambda key: key in self.gate.pending,
+            on_publish=on_publish,
+            on_released=lambda key: self.gate.allowances.released(key),
+        )
         self.reconciler = Reconciler(
             planner=self.planner,
-            engine=engine,
-            reporter=self,
+            engine=self.engine,
+            reporter=self.reporter,
             credentials=source,
             installation=settings.installation_name(),
         )
@@ -64,26 +89,27 @@ class Controller:
             policy=settings.backoff(),
             max_parallel=settings.max_parallel,
             stall_after=settings.stall_after,
-            on_state_change=self._queue_state,
+            on_state_change=self.reporter.queue_state,
         )
-        self.budget = DeletionBudget(
-            max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
-        )
-        self.held_deletion: HeldDeletion | None = None
-        self._allowed: set[str] = set()
-        self._pending_deletions: dict[str, Proxy] = {}
-        self._source_holds: dict[str, Hold] = {}
+        self.reporter.bind(run_due=self.reconciler.run_due, discard=self.queue.discard)
         self._foreign: set[str] = set()
         self._backend_seen = False
         self.started = False
         self._monotonic = monotonic
         self._last_repair: dict[str, float] = {}
-        self._applied_hash: dict[str, str] = {}  # key -> the spec hash its stack last applied
         self._forced = 0  # requested runs so far: part of their stacks' hints, so each one is a new input
         self.loop_error: str | None = None  # the last pass's failure, None while the loop is well
-        self.wake = (
-            asyncio.Event()
-        )  # set (thread-safely, by the source) to poll now instead of at the next tick
+        self.wake = asyncio.Event()  # set (thread-safely, by the source) to poll now, not at the next tick
+        self._gate_timer: asyncio.TimerHandle | None = None
+        self._reported_held: HeldDeletion | None = None
+
+    @property
+    def budget(self) -> DeletionBudget:
+        return self.gate.budget
+
+    @property
+    def held_deletion(self) -> HeldDeletion | None:
+        return self.gate.held
 
     @property
     def backend_seen(self) -> bool:
@@ -125,10 +151,12 @@ class Controller:
             log.error("cannot list the stacks of the backend: %s", exc.message)
             return
         self._backend_seen = True
+        # Only now may the source decide anything destructive (a deleting Proxy it does not know).
+        self.source.backend_loaded()
         for key in sorted(self.planner.rejected):  # a rejected proxy may run an applied version after all
             current = self.planner.current(key)
             if current is not None:
-                self._report_validity(key, deleting=is_deleting(current))
+                self.reporter.report_validity(key, deleting=is_deleting(current))
 
     async def _submit_known_stacks(self) -> None:
         """Submit every stack of ours -- once the backend was read and there is a catalogue to judge by."""
@@ -149,23 +177,33 @@ class Controller:
             dirty |= self.planner.set_catalogue(change.catalogue)
         upserts = change.upserts.packed()  # one model at a time (see Upserts)
         for packed in upserts:
-            self._pending_deletions.pop(packed.key, None)  # declared again: no longer leaving
+            self.gate.withdraw(packed.key)  # declared again: no longer leaving
             self.status.set_deleting(packed.key, False)
             dirty |= self.planner.upsert(packed)
         dirty |= self._apply_deletions(change.deletions)
         dirty |= self._requested_runs(change.requested)
         for packed in upserts:
-            self._report_validity(packed.key, deleting=packed.deleting)
-        for proxy in change.deletions:
-            self._report_validity(proxy.key, deleting=is_deleting(proxy))
+            self.reporter.report_validity(packed.key, deleting=packed.deleting)
         if change.catalogue is not None or change.upserts or change.deletions or change.held:
-            self._report_source_holds(change)
+            self.reporter.report_source_holds(change)
         if self._backend_seen and self.source.catalogue is not None:
             for name in sorted(dirty):
                 self.queue.submit(name, generation_hint=self._hint(name))
         if not change.empty:
             self.inventory.mark_loaded()
+        self._wake_for_gate()
         return dirty
+
+    def _wake_for_gate(self) -> None:
+        """Poll again when the deletion gate's quiet point comes (not at the next tick only)."""
+        due = self.gate.due_in()
+        if due is None:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: a one-shot sync
+            loop = asyncio.get_running_loop()
+            if self._gate_timer is not None:
+                self._gate_timer.cancel()
+            self._gate_timer = loop.call_later(due + 0.01, self.wake.set)
 
     def _requested_runs(self, keys: set[str]) -> set[str]:
         """Stacks asked to run now (reconcile-requested-at, new credentials): `up` even if unchanged."""
@@ -239,9 +277,9 @@ class Controller:
         return True
 
     def allow_deletions(self, change_id: str) -> bool:
-        """Allow the held change with this id once (the deletion budget); False when no such change."""
-        self._allowed.add(change_id)
-        if self.held_deletion is None or self.held_deletion.change_id != change_id:
+        """Allow the held change with this id once (the deletion budget); False, recording nothing, when
+        no such change is held."""
+        if not self.gate.allow(change_id):
             return False
         dirty = self._apply_deletions([])
         if self._backend_seen:
@@ -250,9 +288,13 @@ class Controller:
         return True
 
     async def close(self, *, grace: float = 30.0) -> None:
-        """Stop taking work; SIGINT running `pulumi` children so they cancel cleanly and unlock."""
+        """Stop taking work and end the term: no operation starts any more, running `pulumi` children get
+        SIGINT (they cancel cleanly and unlock; killed after `grace`), and this returns once none is left."""
+        self.term.close()
+        if self._gate_timer is not None:
+            self._gate_timer.cancel()
         closing = asyncio.create_task(self.queue.close(grace=grace), name="queue-close")
-        await asyncio.to_thread(interrupt_children, grace=grace)
+        await asyncio.to_thread(self.term.end, grace=grace)
         await closing
 
     def _hint(self, name: str) -> object:
@@ -275,246 +317,33 @@ class Controller:
             out = published.get(proxy.key)
             if out and out.get("host") and self.inventory.get(proxy.key) is None:
                 creds = credentials.get(proxy.key) or {}
-                self._publish(endpoint_of(proxy, stack=name, out=out, creds=creds))
+                self.reporter.publish(endpoint_of(proxy, stack=name, out=out, creds=creds))
 
     # --- deletions --------------------------------------------------------------------------------------
 
     def _apply_deletions(self, declared: list[Proxy]) -> set[str]:
-        """Declared deletions pass the budget as one change with those still held; returns dirty stacks."""
-        for proxy in declared:
-            self._pending_deletions[proxy.key] = proxy
-        if not self._pending_deletions:
-            self.held_deletion = None
-            return set()
-        removing = [
-            key
-            for key, proxy in self._pending_deletions.items()
-            if self.planner.is_applied(key) and not wants_skip_cleanup(proxy)
-        ]
-        held = assess(removing, fleet=self.planner.applied_count(), budget=self.budget, allowed=self._allowed)
-        if held is not None:
-            if self.held_deletion != held:
-                self._report_held_deletion(held)
-            self.held_deletion = held
-            return set()
-        self.held_deletion = None
-        self._allowed.clear()  # an allowance covers one change: it is used up now
+        """Declared deletions pass the deletion gate (the budget over a window, service/deletions.py);
+        returns the stacks dirtied by those let through."""
+        self.gate.declare(declared, fleet=self.planner.applied_count())
+        self.gate.tick()
+        passing, held = self.gate.judge(
+            removes=lambda proxy: self.planner.is_applied(proxy.key) and not wants_skip_cleanup(proxy)
+        )
+        if held is not None and held != self._reported_held:
+            self._report_held_deletion(held)
+        self._reported_held = held
         dirty: set[str] = set()
-        for proxy in self._pending_deletions.values():
+        for proxy in passing:
             dirty |= self.planner.upsert(proxy)
-        self._pending_deletions.clear()
+        for proxy in passing:
+            self.reporter.report_validity(proxy.key, deleting=True)
         return dirty
 
     def _report_held_deletion(self, held: HeldDeletion) -> None:
         message = held.message(budget=self.budget)
         log.error("deletion budget: %s", message, extra={"fields": {"change": held.change_id}})
         for key in held.keys:
-            self._hold(key, Hold(Reason.DELETION_HELD, message))
-
-    # --- the reconciler's reporter ----------------------------------------------------------------------
-
-    def stack_applied(
-        self,
-        plan: StackPlan,
-        *,
-        outputs: dict[str, Any],
-        result: OperationResult | None,
-        missing: set[str] | None = None,
-        held: set[str] | None = None,
-    ) -> None:
-        published = outputs.get("proxies") or {}
-        credentials = outputs.get("credentials") or {}
-        for planned in plan.proxies:
-            key, proxy = planned.key, planned.proxy  # decoded once: a plan holds packed proxies
-            out = published.get(key)
-            address = Address(host=out["host"], port=int(out["port"])) if out and out.get("host") else None
-            self.status.set_applied(key, stack=plan.name, spec_hash=planned.spec_hash, address=address)
-            if proxy.metadata.generation is not None:
-                self.status.observe(key, generation=proxy.metadata.generation)
-            if out is None or key in (missing or set()):
-                continue  # left out, or its resources are gone (drift reported): claim nothing
-            held_back = key in (held or set()) or self.planner.held_version(key) is not None
-            if not held_back:
-                self._applied_hash[key] = planned.spec_hash
-            self._provisioned(key, stack=plan.name, held=held_back)
-            if result is not None:
-                log.info(
-                    "%s serves at %s://%s:%s",
-                    key,
-                    out.get("protocol") or "http",
-                    out["host"],
-                    out["port"],
-                    extra={"fields": {"proxy": key, "stack": plan.name}},
-                )
-            self._publish(endpoint_of(proxy, stack=plan.name, out=out, creds=credentials.get(key) or {}))
-        if result is not None and result.changed:
-            log.info(
-                "stack %s applied: %s", plan.name, result.changes, extra={"fields": {"stack": plan.name}}
-            )
-
-    def _publish(self, endpoint: ProxyEndpoint) -> None:
-        self.inventory.upsert(endpoint)
-        if self._on_publish is not None:
-            self._on_publish(endpoint)
-
-    def stack_removed(self, name: str) -> None:
-        for endpoint in self.inventory.endpoints():
-            if endpoint.stack == name:
-                self.inventory.remove(endpoint.key)
-        self.queue.discard(name)
-
-    def proxy_event(self, key: str, *, reason: str, message: str, warning: bool = False) -> None:
-        self.status.event(key, reason=reason, message=message, warning=warning)
-
-    def proxy_held(self, key: str, *, reason: str, message: str) -> None:
-        self._hold(key, Hold(reason, message))
-
-    def operation_started(self, plan: StackPlan, *, type_: str) -> None:
-        for key in self._concerned(plan):
-            self.status.operation_started(key, type_=type_)
-
-    def operation_finished(self, plan: StackPlan, *, type_: str, error: str | None = None) -> None:
-        for key in self._concerned(plan):
-            self.status.operation_finished(key, type_=type_, succeeded=error is None, message=error or "")
-
-    def _concerned(self, plan: StackPlan) -> list[str]:
-        """The proxies a run of `plan` changes (new or changed since applied): the others' lastOperation
-        stays, so a neighbour's change writes no status for them."""
-        forced = self.reconciler.run_due(plan.name)  # not a drift check: a quiet resync writes nothing
-        return [p.key for p in plan.proxies if forced or self._applied_hash.get(p.key) != p.spec_hash]
-
-    def released(self, proxy: Proxy, *, forgotten: bool = False) -> None:
-        self.source.release(proxy.key)
-        self._applied_hash.pop(proxy.key, None)
-        self.inventory.remove(proxy.key)
-        self._source_holds.pop(proxy.key, None)
-        message = (
-            "forgotten from state, its resources kept (skip-cleanup); the proxy is released"
-            if forgotten
-            else "resources removed; the proxy is released"
-        )
-        self.status.event(proxy.key, reason=Reason.RELEASED, message=message)
-        self.status.drop(proxy.key)
-
-    def drift(self, name: str, steps: list[PreviewStep]) -> None:
-        for proxy in sorted({s.proxy or "-" for s in steps}):
-            what = ", ".join(f"{s.op} {s.type} {s.name}" for s in steps if (s.proxy or "-") == proxy)
-            message = f"stack {name} differs from the real resources: {what}"
-            self.status.event(proxy, reason=Reason.DRIFT_DETECTED, warning=True, message=message)
-            if proxy != "-":
-                self.status.set_condition(
-                    proxy,
-                    type_=ConditionType.PROVISIONED,
-                    true=False,
-                    reason=Reason.RESOURCES_MISSING,
-                    message=message + " (driftPolicy detect: set driftPolicy: correct to restore them)",
-                    warning=True,
-                )
-
-    # --- status -----------------------------------------------------------------------------------------
-
-    def _provisioned(self, key: str, *, stack: str, held: bool) -> None:
-        self.status.set_condition(
-            key,
-            type_=ConditionType.PROVISIONED,
-            true=True,
-            reason=Reason.PROVISIONED,
-            message=f"applied in stack {stack}",
-        )
-        self.status.set_condition(key, type_=ConditionType.STALLED, true=False, reason=Reason.RECONCILED)
-        if not held and key not in self._source_holds:
-            self._unhold(key)
-
-    def _hold(self, key: str, hold: Hold) -> None:
-        self.status.set_condition(
-            key, type_=ConditionType.HELD, true=True, reason=hold.reason, message=hold.message, warning=True
-        )
-
-    def _hold_or_fail(self, key: str, hold: Hold) -> None:
-        """A version that could not be used: held when an earlier one runs or is planned, else Failed."""
-        if self.planner.is_applied(key):
-            self._hold(key, Hold(hold.reason, f"{hold.message}; its applied version keeps running"))
-        elif self.planner.holds(key):
-            self._hold(key, Hold(hold.reason, f"{hold.message}; its last valid version is used"))
-        else:
-            self.status.set_condition(
-                key,
-                type_=ConditionType.PROVISIONED,
-                true=False,
-                reason=hold.reason,
-                message=hold.message,
-                warning=True,
-            )
-
-    def _unhold(self, key: str) -> None:
-        if _condition(self.status, key, ConditionType.HELD) == "True":
-            self.status.set_condition(
-                key,
-                type_=ConditionType.HELD,
-                true=False,
-                reason=Reason.AS_DECLARED,
-                message="the declared version is the one applied",
-            )
-
-    def _report_source_holds(self, change: SourceChange) -> None:
-        for key, hold in change.held.items():
-            self._hold_or_fail(key, hold)
-        for key in set(self._source_holds) - set(change.held):
-            if key not in self._pending_deletions and self.planner.held_version(key) is None:
-                self._unhold(key)
-        self._source_holds = dict(change.held)
-
-    def _report_validity(self, key: str, *, deleting: bool) -> None:
-        if self.source.catalogue is None:
-            why = "no provider catalogue in the manifests: nothing is reconciled until there is one"
-            self._hold_or_fail(key, Hold(Reason.MANIFEST_UNREADABLE, why))
-            return
-        if deleting:
-            if key in self._pending_deletions:
-                return  # held by the deletion budget: reported there
-            self.status.set_deleting(key)
-            self.status.event(key, reason=Reason.DELETING, message="removing its resources")
-            return
-        error = self.planner.rejected.get(key)
-        if error is None:
-            if key not in self._source_holds:
-                self._unhold(key)
-            if _condition(self.status, key, ConditionType.STALLED) == "True":
-                self.status.set_condition(
-                    key, type_=ConditionType.STALLED, true=False, reason=Reason.INPUT_CHANGED
-                )
-            return
-        if self.planner.held_version(key) is not None:
-            self._hold_or_fail(key, Hold(error.reason, error.message))
-            return
-        self.status.set_condition(
-            key,
-            type_=ConditionType.PROVISIONED,
-            true=False,
-            reason=error.reason,
-            message=error.message,
-            warning=True,
-        )
-        # Its input is wrong: nothing retries until it changes (Stalled), and the reason says what to fix.
-        self.status.set_condition(
-            key, type_=ConditionType.STALLED, true=True, reason=error.reason, message=error.message
-        )
-
-    def _queue_state(self, state: StackQueueState) -> None:
-        if state.state not in (QueueState.STALLED, QueueState.FAILED) or state.last_error is None:
-            return
-        stalled = state.state is QueueState.STALLED
-        error = state.last_error
-        for planned in self.planner.plan(state.stack).proxies:
-            self.status.set_condition(
-                planned.key,
-                # Stalled=True after N failures in a row; before that, Provisioned=False says why.
-                type_=ConditionType.STALLED if stalled else ConditionType.PROVISIONED,
-                true=stalled,
-                reason=error.reason,
-                message=error.message,
-                warning=True,
-            )
+            self.reporter.hold(key, Hold(Reason.DELETION_HELD, message))
 
 
 async def _first(*events: asyncio.Event, seconds: float) -> None:
@@ -525,29 +354,3 @@ async def _first(*events: asyncio.Event, seconds: float) -> None:
     finally:
         for wait in waits:
             wait.cancel()
-
-
-def _condition(status: StatusBoard, key: str, type_: str) -> str | None:
-    return next((c.status for c in status.get(key).conditions if c.type == type_), None)
-
-
-def endpoint_of(
-    proxy: Proxy, *, stack: str | None, out: dict[str, Any], creds: dict[str, Any]
-) -> ProxyEndpoint:
-    """The inventory's endpoint of a proxy from where it serves (`out`: host, port, protocol) and its
-    credentials."""
-    return ProxyEndpoint(
-        key=proxy.key,
-        namespace=proxy.metadata.namespace,
-        name=proxy.metadata.name,
-        provider=proxy.spec.provider,
-        pool=proxy.spec.pool,
-        labels=dict(proxy.metadata.labels),
-        protocol=str(out.get("protocol") or proxy.spec.protocol),
-        host=str(out["host"]),
-        port=int(out["port"]),
-        username=creds.get("username"),
-        password=creds.get("password"),
-        stack=stack,
-        control=out.get("control"),  # local proxies: where lease users are pushed (docs/security.md)
-    )

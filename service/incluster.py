@@ -22,12 +22,14 @@ from kubernetes.client import ApiClient
 from pydantic import ValidationError
 
 from automation.deletion_budget import DeletionBudget, HeldDeletion
-from automation.engine import Engine
+from automation.engine import Engine, Term
 from service.config import OperatorSettings
 from service.controller import Controller, endpoint_of
+from service.deletions import Allowances
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter
 from service.kube.events import EventRecorder
+from service.kube.heartbeat import OperationsHeartbeat
 from service.kube.holder import lease_holder_gone
 from service.kube.leader import LeaderElector
 from service.kube.pools import ClusterPools
@@ -43,6 +45,7 @@ from stacks.models.conditions import ConditionType
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT = 60.0  # the first list of every watched kind; then the service runs and says what is missing
+TERM_GRACE = 10.0  # a term's children get this long after SIGINT before they are killed
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
@@ -66,16 +69,29 @@ class ClusterMode:
             settings.engine_config(),
             hostname=kube.identity,  # stack locks name the replica, so another can tell it is gone
             foreign_lock_gone=functools.partial(lease_holder_gone, api, kube),
+            fenced=True,  # operations only inside a leadership term; reads anywhere
         )
         self.engine = Engine(config)
+        self.allowances = Allowances()  # deletion allowances outlive a term: a new leader honours them
+        self.term: Term | None = None
+        self.heartbeat = OperationsHeartbeat(
+            api, kube, grace=TERM_GRACE, busy=self._busy, on_renewed=self._extend_term
+        )
         self.status = StatusBoard()
         self.source = KubernetesSource(api, kube, writes=False)
         self.credentials = CredentialsReader(api, kube.namespaces)
         self.credentials_writer = CredentialsWriter(api)
         self.status_writer = StatusWriter(api, self.status, self.ref)
+        self.status_writer.leading = lambda: self.leading
         self.events = EventRecorder(api, self.ref, instance=kube.identity)
         self.status.subscribe_events(self._event)
-        self.elector = LeaderElector(api, kube, on_started=self._lead, on_stopped=self._follow)
+        self.elector = LeaderElector(
+            api,
+            kube,
+            on_started=self._lead,
+            on_stopped=self._follow,
+            on_renewed=lambda _d: self._extend_term(),
+        )
         self.controller: Controller | None = None
         self.terms = 0
         self._prober: Callable[[], Coroutine[Any, Any, None]] | None = None
@@ -111,6 +127,8 @@ class ClusterMode:
         return self.controller.budget if self.controller is not None else self._budget
 
     def allow_deletions(self, change_id: str) -> bool:
+        """Only a held change can be allowed (nothing is recorded otherwise); the allowance outlives the
+        term, so a handover before it is used does not lose it."""
         return self.controller.allow_deletions(change_id) if self.controller is not None else False
 
     def request_repair(self, key: str) -> bool:
@@ -164,12 +182,18 @@ class ClusterMode:
         self.events.close()
 
     async def _lead(self) -> None:
-        """A new term: finalizers and status are ours to write; a fresh controller starts (its first pass
-        reads the backend before it plans anything)."""
+        """A new term: finalizers and status are ours to write; a fresh controller starts in a fresh term
+        (its first pass reads the backend before it decides anything destructive)."""
         self.terms += 1
         log.info("leading (term %d): reconciling and probing", self.terms)
+        self.term = Term(
+            f"{self.kube.identity}/{self.terms}",
+            valid_until=self._term_deadline(),
+            before_operation=self._before_operation,
+        )
         self.source.set_writes(True)
         self.source.replay()  # the new term's controller learns everything from the start
+        self.status_writer.begin_term()
         self._seed_health()
         self.controller = Controller(
             settings=self.settings,
@@ -178,6 +202,8 @@ class ClusterMode:
             inventory=self.inventory,
             status=self.status,
             on_publish=self._publish_credentials,
+            term=self.term,
+            allowances=self.allowances,
         )
         self._term_stop = asyncio.Event()
         self._term = asyncio.create_task(self.controller.run(self._term_stop), name=f"term-{self.terms}")
@@ -187,6 +213,28 @@ class ClusterMode:
         if self._prober is not None:
             self._probing = asyncio.create_task(self._prober(), name="prober")
         self._start_pools()
+
+    # --- the term's fence (automation/engine/term.py) ---------------------------------------------------
+
+    def _term_deadline(self) -> float:
+        """Until when this term's children may run: the leader's renew deadline, and never past what the
+        operations heartbeat covers (so its expiry proves they are gone: service/kube/heartbeat.py)."""
+        return min(self.elector.work_deadline(), max(self.heartbeat.covers_until(), 0.0))
+
+    def _extend_term(self) -> None:
+        term = self.term
+        if term is not None and not term.ended:
+            term.extend(self._term_deadline())
+
+    def _before_operation(self) -> None:
+        """Before an operation of this term starts (a worker thread): the heartbeat is on record, and the
+        term's deadline covers it."""
+        self.heartbeat.ensure()
+        self._extend_term()
+
+    def _busy(self) -> bool:
+        term = self.term
+        return term is not None and term.busy()
 
     def _seed_health(self) -> None:
         """What the previous leader's probes concluded stays until this leader's probes say otherwise: the
@@ -201,21 +249,33 @@ class ClusterMode:
                 self.status.set_egress(obj.key, str(obj.status["egressIP"]))
 
     async def _follow(self) -> None:
-        """The term ends: stop probing, stop the loop, interrupt running operations, stop writing."""
+        """The term ends. First, at once: no operation starts and nothing is written any more. Then the
+        loop stops and the term's children are interrupted until none is left (killed after the grace),
+        beside the pools and the prober, whose stop may wait for an unreachable apiserver: it never delays
+        the term's end. Last, the heartbeat says no operation of ours runs."""
+        term = self.term
+        if term is not None:
+            term.close()
         self.source.set_writes(False)
         self.source.on_change = lambda: None
-        await self._stop_pools()
+        pools = asyncio.create_task(self._stop_pools(), name="pools-stop")
         if self._probing is not None:
             self._probing.cancel()
-            await asyncio.gather(self._probing, return_exceptions=True)
-            self._probing = None
         if self._term_stop is not None and self._term is not None and self.controller is not None:
             self._term_stop.set()
             await asyncio.gather(self._term, return_exceptions=True)
-            await self.controller.close(grace=min(30.0, self.kube.renew_deadline_seconds))
-            log.info("term %d ended", self.terms)
+            await self.controller.close(grace=min(TERM_GRACE, self.kube.renew_deadline_seconds))
+            log.info("term %d ended: no operation of it runs", self.terms)
+        if term is not None:
+            await asyncio.to_thread(term.end, grace=TERM_GRACE)  # the controller's close did; made sure
+            await asyncio.to_thread(self.heartbeat.release)
+        if self._probing is not None:
+            await asyncio.gather(self._probing, return_exceptions=True)
+            self._probing = None
+        await asyncio.gather(pools, return_exceptions=True)
         self._term = self._term_stop = None
         self.controller = None
+        self.term = None
 
     # --- pools: the leader's, a fresh one per term (service/kube/pools.py) ---------------------------------
 

@@ -73,8 +73,9 @@ async def apply_once(
     """Reconcile the folder once: every stack it changes, and every stack it empties, then return.
     `allow_deletions`: ids of changes the deletion budget stopped that may go ahead this time."""
     controller = build_controller(settings, manifests)
+    controller.gate.quiet = 0.0  # one read is the whole change: nothing more arrives to wait for
     for change_id in allow_deletions:
-        controller.allow_deletions(change_id)
+        controller.gate.allowances.grant(change_id)  # named up front: it lets exactly that change go
     try:
         await controller.start()
         await _settle(controller)
@@ -87,7 +88,10 @@ async def _settle(controller: Controller) -> None:
     """Drain the queue, including the follow-up runs that releases (deletions) trigger."""
     while True:
         await controller.queue.drain()
-        if not controller.sync():
+        due = controller.gate.due_in()  # deletions waiting for the deletion window's quiet point
+        if due is not None:
+            await asyncio.sleep(due + 0.01)
+        if not controller.sync() and controller.gate.due_in() is None:
             return
 
 

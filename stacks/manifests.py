@@ -1,7 +1,9 @@
 """A directory of multi-document YAML -> Proxies and a catalogue, each remembering where it came from.
 
 Every object keeps its file, document index and line, so a problem can say exactly where to look. Documents
-that fail to parse become `Problem`s instead of exceptions: one bad Proxy never hides the others.
+that fail to parse become `Problem`s instead of exceptions: one bad Proxy never hides the others. A document
+that looks meant for us but is not exactly ours (`kind: proxy`, `crawl.example.com/v1`) is a problem too,
+never set aside with the others (stacks/kinds.py).
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ import yaml
 from pydantic import ValidationError
 
 from stacks.catalogue import CatalogueFormatError, catalogue_body, is_catalogue_document
-from stacks.models import KIND, POOL_KIND, ProviderCatalogue, Proxy, ProxyPool, duplicate_names_message
+from stacks.kinds import catalogue_near_miss, not_ours_message
+from stacks.models import (
+    API_VERSION,
+    KIND,
+    POOL_KIND,
+    ProviderCatalogue,
+    Proxy,
+    ProxyPool,
+    duplicate_names_message,
+)
 from stacks.problems import Problem, describe_error, field_path, render_path
 
 T = TypeVar("T")
@@ -110,14 +121,30 @@ def _classify(*, source: Source, document: Any, into: ManifestSet) -> None:
         return
     if not isinstance(document, Mapping):
         into.problems.append(_problem(source, "document", (), "is not a mapping: write a Kubernetes object"))
-    elif document.get("kind") == KIND:
+    elif document.get("kind") == KIND and document.get("apiVersion") == API_VERSION:
         _add_proxy(source=source, document=document, into=into)
-    elif document.get("kind") == POOL_KIND:
+    elif document.get("kind") == POOL_KIND and document.get("apiVersion") == API_VERSION:
         _add_pool(source=source, document=document, into=into)
     elif is_catalogue_document(document):
         _add_catalogue(source=source, document=document, into=into)
     else:
-        into.ignored.append(source)
+        _refuse_or_ignore(source=source, document=document, into=into)
+
+
+def _refuse_or_ignore(*, source: Source, document: Mapping[str, Any], into: ManifestSet) -> None:
+    """A document that looks meant for us but is not exactly ours is a problem of the whole document (the
+    read is not clean, so nothing it may have been meant as is deleted); any other document is set aside."""
+    message = not_ours_message(document)
+    if message is not None:
+        field = "apiVersion" if document.get("kind") in (KIND, POOL_KIND) else "kind"
+        into.problems.append(_problem(source, "document", (field,), message))
+        return
+    message = catalogue_near_miss(document)
+    if message is not None:
+        into.broken_catalogues += 1
+        into.problems.append(_problem(source, "catalogue", ("kind",), message))
+        return
+    into.ignored.append(source)
 
 
 def proxy_label(document: Mapping[str, Any], kind: str = KIND) -> str:

@@ -8,8 +8,9 @@ from automation.engine.config import (
     EngineConfig,
     StackInput,
 )
-from automation.engine.core import Engine, interrupt_children
+from automation.engine.core import Engine
 from automation.engine.results import OperationResult, PreviewStep, StackInfo
+from automation.engine.term import Term, TermEndedError
 
 __all__ = [
     "APPLIED_PROXIES_OUTPUT",
@@ -22,5 +23,6 @@ __all__ = [
     "PreviewStep",
     "StackInfo",
     "StackInput",
-    "interrupt_children",
+    "Term",
+    "TermEndedError",
 ]

@@ -54,6 +54,8 @@ class EngineConfig:
     # cancelled? None: other hosts' locks are never recovered. In a cluster the service passes a check of the
     # Lease and the pods (service.kube.holder); it may block (operations run in threads).
     foreign_lock_gone: Callable[[str], bool] | None = field(default=None, compare=False)
+    # Operations only inside a term (Engine.in_term): the in-cluster engine, where only a leader acts.
+    fenced: bool = False
 
     def environment(self) -> dict[str, str]:
         """Environment of every CLI call: the CLI's folder (a bundle's plugins), then our interpreter's (the

@@ -9,9 +9,9 @@ threads. Pulumi's exceptions are translated into `automation.errors` here and no
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
-import os
 import secrets
 import tempfile
 import time
@@ -23,7 +23,6 @@ from typing import Any
 
 from pulumi import automation as auto
 
-from automation.engine.children import interrupt_pulumi_children
 from automation.engine.command import PulumiAt
 from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, OWNER_TAG, EngineConfig, StackInput
 from automation.engine.errors import STACK_NOT_FOUND, translate
@@ -31,6 +30,7 @@ from automation.engine.events import EventLogger
 from automation.engine.locks import LockRecovery
 from automation.engine.results import OperationResult, PreviewStep, StackInfo, steps_from_events
 from automation.engine.state_edit import remove_components
+from automation.engine.term import Term
 from automation.errors import InvalidInputError
 
 log = logging.getLogger(__name__)
@@ -41,8 +41,18 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._command = PulumiAt(config.pulumi)
+        self._command = PulumiAt(config.pulumi, fenced=config.fenced)
         self._locks = LockRecovery(hostname=config.hostname, foreign_gone=config.foreign_lock_gone)
+        self.term: Term | None = None
+
+    def in_term(self, term: Term) -> Engine:
+        """This engine with every CLI call belonging to `term` (automation/engine/term.py): once the term
+        has ended, its operations are refused and its running children are interrupted. A view: the
+        engine itself is shared across terms and never closes."""
+        bound = copy.copy(self)
+        bound._command = self._command.for_term(term)
+        bound.term = term
+        return bound
 
     # --- operations -----------------------------------------------------------------------------------
 
@@ -81,6 +91,7 @@ class Engine:
                 state_dir=Path(scratch),
                 secrets_provider="passphrase",
                 passphrase=secrets.token_urlsafe(24),
+                fenced=False,  # a throwaway backend in a temporary folder: nobody else's stack
             )
             return Engine(throwaway).preview(spec)
 
@@ -264,8 +275,3 @@ class Engine:
 
 def _plain(outputs: dict[str, Any]) -> dict[str, Any]:
     return {key: value.value for key, value in outputs.items()}
-
-
-def interrupt_children(*, grace: float = 10.0) -> int:
-    """SIGINT our running `pulumi` children so the engine cancels cleanly and releases its lock."""
-    return interrupt_pulumi_children(parent=os.getpid(), grace=grace)

@@ -2,22 +2,29 @@
 
 A stack lock records the host of the process that took it; in a cluster that is the pod's name, which is
 also its identity in the Lease. The lock of a replica that crashed or was replaced stays behind and blocks
-every later operation on its stack. It is safe to cancel once that replica cannot be running Pulumi any
-more: it no longer holds the Lease and either its pod is gone (404 in our namespace) or the Lease left it
-more than `lock_grace_seconds` ago (a leader stops its work before its Lease expires, so a live replica
-that lost the Lease has stopped its children long before the grace ends). Anything uncertain answers
-False: the lock stays a transient error and is tried again.
+every later operation on its stack. It is cancelled only on evidence that its owner cannot be running
+Pulumi any more, never on a timer:
+
+- the owner's operations heartbeat (`service.kube.heartbeat`) has expired: it has not renewed for longer
+  than any child of its may run (the watchdog interrupts a child whose term is not renewed, and a term is
+  never renewed past what the heartbeat covers); or
+- the heartbeat was released: the owner ended its term with no child left; or
+- the owner's pod does not exist (404 in our namespace): a kubelet removes a pod only once its processes are
+  dead.
+
+The current leader's locks are never stale (it is the one writer). Anything uncertain answers None: the
+lock stays a transient error, tried again, and the stack's status says whose lock it waits for.
 """
 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 
 from kubernetes.client import ApiClient
 
 from service.kube.client import ApiException, request_json
-from service.kube.lease import API_ERRORS, LeaseRecord, read_lease, utcnow
+from service.kube.heartbeat import heartbeat_name
+from service.kube.lease import API_ERRORS, read_lease, utcnow
 from service.kube.settings import KubeSettings
 
 __all__ = ["lease_holder_gone", "why_holder_gone"]
@@ -31,39 +38,35 @@ def lease_holder_gone(api: ApiClient, settings: KubeSettings, identity: str) -> 
     why = why_holder_gone(api, settings, identity)
     if why:
         log.info("replica %s is gone: %s", identity, why)
+    else:
+        log.info("replica %s may still run operations: its stack locks stay", identity)
     return why is not None
 
 
 def why_holder_gone(api: ApiClient, settings: KubeSettings, identity: str) -> str | None:
-    """Why `identity` is gone, or None when it may still be running (or the answer is unknown)."""
+    """Why `identity` cannot be running Pulumi any more, or None when it may be (or nobody can tell)."""
     namespace = settings.own_namespace()
     try:
-        lease = read_lease(api, namespace=namespace, name=settings.lease_name, timeout=TIMEOUT)
+        leader = read_lease(api, namespace=namespace, name=settings.lease_name, timeout=TIMEOUT)
+        if leader is not None and leader.record.holder == identity and not leader.record.free(utcnow()):
+            return None
+        name = heartbeat_name(settings, identity)
+        heartbeat = read_lease(api, namespace=namespace, name=name, timeout=TIMEOUT)
     except API_ERRORS as exc:
-        log.warning("cannot read Lease %s/%s: %s", namespace, settings.lease_name, exc)
+        log.warning("cannot read the Leases of %s: %s", identity, exc)
         return None
-    record = lease.record if lease is not None else LeaseRecord()
-    if record.holder == identity:
-        return None
-    left = _left_at_least(record, settings.lock_grace_seconds)
-    if left:
-        return left
+    if heartbeat is not None:
+        record = heartbeat.record
+        if record.holder is None:
+            return (
+                f"its operations heartbeat {name} was released at {record.renewed}: no operation of it runs"
+            )
+        expires = record.expires()
+        if expires is not None and expires < utcnow():
+            return f"its operations heartbeat {name} expired at {expires.isoformat()}"
     if _pod_missing(api, namespace, identity):
-        return f"it does not hold Lease {settings.lease_name} and pod {namespace}/{identity} does not exist"
+        return f"pod {namespace}/{identity} does not exist"
     return None
-
-
-def _left_at_least(record: LeaseRecord, grace: float) -> str | None:
-    """The Lease changed hands more than `grace` seconds ago: the new holder's acquireTime (or a release's
-    renewTime) is the latest moment the old holder can have held it."""
-    since = record.acquired if record.holder else record.renewed
-    if since is None:
-        return None
-    age = utcnow() - since
-    if age <= timedelta(seconds=grace):
-        return None
-    holder = f"is held by {record.holder}" if record.holder else "was released"
-    return f"the Lease {holder} since {age.total_seconds():.0f} s (grace {grace:g} s)"
 
 
 def _pod_missing(api: ApiClient, namespace: str, name: str) -> bool:

@@ -64,10 +64,12 @@ class LeaderElector:
         *,
         on_started: Callback,
         on_stopped: Callback,
+        on_renewed: Callable[[float], None] = lambda _deadline: None,
         clock: Callable[[], datetime] = utcnow,
     ) -> None:
         self._api, self._settings, self._clock = api, settings, clock
         self._on_started, self._on_stopped = on_started, on_stopped
+        self._on_renewed = on_renewed  # given the new work deadline (monotonic) after each renewal
         self._namespace = settings.own_namespace()
         self._observed: LeaseRecord | None = None
         self._leading = False
@@ -130,11 +132,17 @@ class LeaderElector:
         outcome = await self._attempt(timeout=budget) if budget > 0 else Outcome.FAILED
         if outcome is Outcome.OURS:
             self.renewed_at = started
+            self._on_renewed(self.work_deadline())
         elif outcome is Outcome.HELD:
             await self._step_down(f"the Lease is held by {self.holder()}")
         elif _loop_time() + retry >= self._deadline():
             await self._step_down(f"no renewal for {self._settings.renew_deadline_seconds:g} s")
         return retry if self._leading else 0.0
+
+    def work_deadline(self) -> float:
+        """Monotonic time by which this leader's work must have stopped unless it renews (0: not leading).
+        The loop's clock is time.monotonic, the clock the term's watchdogs compare with."""
+        return self._deadline() if self._leading and self.renewed_at is not None else 0.0
 
     def _deadline(self) -> float:
         """Loop time by which the leader must have stopped its work unless it renews: renew_deadline

@@ -1,14 +1,17 @@
 """A pool's children as the cluster shows them, and the bodies of the writes that make and follow a child.
 
-The Kubernetes source's cache is the membership: a Proxy carrying the pool label is a child (a deleting one
-is leaving and keeps its name and port taken). The cache lags a write by one watch event, so a child created
-this term counts from what was sent until the cache shows it, and a child whose DELETE was sent is leaving
-until the cache shows it deleting or gone: no pass doubles a pool or deletes a child twice.
+Membership is the pool's ownerReference: a child is a Proxy carrying the pool label *and* a controlling
+ownerReference to that ProxyPool (its name and uid); a deleting one is leaving and keeps its name and port
+taken. A Proxy with the label but without that reference is a stranger (`strangers`): never counted,
+re-templated or deleted (made by hand, or owned by an earlier pool of the same name). The cache lags a
+write by one watch event, so a child created this term counts from what was sent until the cache shows
+it, and a child whose DELETE was sent is leaving until the cache shows it deleting or gone: no pass
+doubles a pool or deletes a child twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -17,9 +20,11 @@ from service.kube.status_writer import merge_patch
 from service.pools.expand import child_proxy
 from service.pools.naming import Member, member_of
 from service.sources.kubernetes import ProxyObject
-from stacks.models import Proxy, ProxyPool
+from stacks.models import API_VERSION, POOL_KIND, Proxy, ProxyPool
 
 Obj = dict[str, Any]
+API_GROUP = API_VERSION.split("/", 1)[0]
+Owner = tuple[str, str]  # the controlling ProxyPool ownerReference: (name, uid)
 PENDING_SECONDS = 120.0  # a created child no watch event showed by then is not counted any more
 
 
@@ -30,15 +35,33 @@ class ClusterChildren:
         self._leaving: dict[str, Member] = {}
         self._pending: dict[str, tuple[Member, float]] = {}  # created, not in the cache yet: since when
         self._deleted: set[str] = set()  # DELETE sent, the cache not showing it deleting yet
+        self._strangers: dict[str, Member] = {}  # carrying a pool's label, not owned by it
 
-    def refresh(self, objects: Iterable[ProxyObject]) -> list[str]:
-        """Take the cache's view; returns the children gone from it since the last refresh."""
+    def refresh(
+        self,
+        objects: Iterable[ProxyObject],
+        *,
+        owners: Mapping[str, Owner | None],
+        pools: Mapping[str, str],
+    ) -> list[str]:
+        """Take the cache's view; returns the children gone from it since the last refresh.
+
+        `owners`: each Proxy's controlling ProxyPool owner (name, uid), None without one; `pools`: the
+        uid of each pool listed (ns/name -> uid)."""
         before = set(self._live) | set(self._leaving)
         live: dict[str, Member] = {}
         leaving: dict[str, Member] = {}
+        strangers: dict[str, Member] = {}
         for obj in objects:
             member = _member(obj)
             if member is None:
+                continue
+            uid = pools.get(member.pool)
+            if uid is None:
+                continue  # its pool is not listed: counted by no pool (the garbage collector's)
+            name = member.pool.split("/", 1)[1]
+            if owners.get(obj.key) != (name, uid):
+                strangers[obj.key] = member
                 continue
             if obj.deleting:
                 self._deleted.discard(obj.key)
@@ -49,7 +72,7 @@ class ClusterChildren:
         self._pending = {
             k: (m, at) for k, (m, at) in self._pending.items() if k not in seen and now - at < PENDING_SECONDS
         }
-        self._live, self._leaving = live, leaving
+        self._live, self._leaving, self._strangers = live, leaving, strangers
         return sorted(before - seen)
 
     def members(self, pool_key: str) -> list[Member]:
@@ -58,9 +81,23 @@ class ClusterChildren:
         found += [m for m, _ in self._pending.values() if m.pool == pool_key]
         return sorted(found, key=lambda m: m.name)
 
+    @property
+    def strangers(self) -> dict[str, str]:
+        """Proxy key -> the pool whose label it carries without being owned by it."""
+        return {key: m.pool for key, m in self._strangers.items()}
+
+    def leaving(self, pool_key: str) -> list[str]:
+        """Names of the pool's children whose deletion was sent and that are not gone yet."""
+        return sorted(m.name for m in self._leaving.values() if m.pool == pool_key)
+
     def all(self) -> list[Member]:
-        """Every child of every pool, leaving ones too (their names and ports are still taken)."""
-        return [*self._live.values(), *self._leaving.values(), *(m for m, _ in self._pending.values())]
+        """Every child of every pool, leaving ones and strangers too (their names and ports are taken)."""
+        return [
+            *self._live.values(),
+            *self._leaving.values(),
+            *(m for m, _ in self._pending.values()),
+            *self._strangers.values(),
+        ]
 
     def created(self, proxy: Proxy) -> None:
         member = member_of(proxy)
@@ -72,6 +109,20 @@ class ClusterChildren:
         member = self._live.pop(key, None) or self._pending.pop(key, (None, 0.0))[0]
         if member is not None:
             self._leaving[key] = member
+
+
+def controlling_pool(raw: Obj) -> Owner | None:
+    """The (name, uid) of the ProxyPool an object's controlling ownerReference names, None without one."""
+    for ref in (raw.get("metadata") or {}).get("ownerReferences") or []:
+        group = str(ref.get("apiVersion") or "").split("/", 1)[0]
+        if (
+            group == API_GROUP
+            and ref.get("kind") == POOL_KIND
+            and ref.get("controller") is True
+            and ref.get("uid")
+        ):
+            return str(ref.get("name") or ""), str(ref["uid"])
+    return None
 
 
 def _member(obj: ProxyObject) -> Member | None:

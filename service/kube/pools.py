@@ -1,11 +1,15 @@
 """Pools in a cluster: a ProxyPool's children are real Proxy objects, created and deleted through the API.
 
 Run by the Lease holder, one instance per term (started and stopped with it, its memory with it). Each poll:
-1. a watcher keeps the ProxyPools (spec, uid, status); the Kubernetes source's cache holds the Proxies;
-2. once both were listed, a pool's children are the Proxies carrying its label (the labels are the
-   membership; a deleting child is leaving and keeps its port taken), plus those this term created that
-   the cache does not show yet;
-3. the same pure decision as the folder mode (`service/pools/plan.py`) says what to create, drain, delete;
+1. watchers keep the ProxyPools (spec, uid, status) and the Proxies carrying the pool label with their
+   ownerReferences (the Kubernetes source's cache drops those);
+2. once all were listed, a pool's children are the Proxies carrying its label *and* a controlling
+   ownerReference to it, by uid (a deleting child is leaving and keeps its port taken), plus those this
+   term created that the cache does not show yet. A Proxy with the label but not owned is a stranger: left
+   alone (not counted, re-templated or deleted), a Warning Event on the pool names it;
+3. a pool whose placement names a provider the catalogue lacks holds (service/pools/hold.py): nothing is
+   created, deleted or patched, its status and a Warning Event say why; otherwise the same pure decision
+   as the folder mode (`service/pools/plan.py`) says what to create, drain, delete;
 4. a new child is POSTed with the pool as its controlling owner; a deletion is a DELETE of the child, which
    then takes the normal path (deletion timestamp behind our finalizer, the deletion budget, destroy,
    release); a child whose spec or labels differ from the template is merge-patched;
@@ -32,17 +36,19 @@ from pydantic import ValidationError
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from service.kube.client import ApiException, request_json
-from service.kube.pool_children import ClusterChildren, child_body, retemplated
+from service.kube.pool_children import ClusterChildren, Owner, child_body, controlling_pool, retemplated
+from service.kube.pool_events import PoolEvents
 from service.kube.settings import KubeSettings
 from service.kube.status_writer import MERGE_PATCH, keep_transition_times, merge_patch
 from service.kube.watch import Obj, Watcher
 from service.pools.expand import new_child
+from service.pools.hold import UNKNOWN_PROVIDER, unknown_providers
 from service.pools.memory import Decision, PoolMemory
-from service.pools.naming import Member
+from service.pools.naming import POOL_LABEL, Member
 from service.pools.plan import decide
 from service.pools.signals import PoolSignals
 from service.pools.status import pool_status
-from service.sources.kubernetes import KubernetesSource
+from service.sources.kubernetes import KubernetesSource, ProxyObject, proxy_object
 from stacks.models import API_VERSION, POOL_KIND, ProxyPool
 
 __all__ = ["ClusterPools"]
@@ -72,6 +78,9 @@ class ClusterPools:
         self._pools: dict[str, Obj] = {}
         self.children = ClusterChildren(clock=clock)
         self.memory: dict[str, PoolMemory] = {}
+        self._kids: dict[str, tuple[ProxyObject, Owner | None]] = {}  # Proxies with the pool label
+        self.events = PoolEvents(api)
+        self._warned: set[str] = set()  # strangers already named (logged and an Event) while they last
         self._written: dict[str, Obj] = {}  # pool uid -> the status last written
         self.writes = 0  # API writes sent (creates, deletes, patches): tests, logs
         paths = [f"{BASE}/namespaces/{ns}/{POOLS}" for ns in kube.namespaces] or [f"{BASE}/{POOLS}"]
@@ -80,6 +89,19 @@ class ClusterPools:
                 api, path, on_list=self._lister(path), on_event=self._event, slim=_slim, name=f"pools {path}"
             )
             for path in paths
+        ]
+        proxies = [f"{BASE}/namespaces/{ns}/proxies" for ns in kube.namespaces] or [f"{BASE}/proxies"]
+        self.watchers += [
+            Watcher(
+                api,
+                path,
+                on_list=self._kids_lister(path),
+                on_event=self._kid_event,
+                slim=lambda raw: (proxy_object(raw), controlling_pool(raw)),
+                label_selector=POOL_LABEL,
+                name=f"pool children {path}",
+            )
+            for path in proxies
         ]
 
     def start(self) -> None:
@@ -108,8 +130,23 @@ class ClusterPools:
             return
         with self._lock:
             pools = dict(self._pools)
-        for gone in self.children.refresh(self.source.objects()):
+            kids = dict(self._kids)
+        uids = {key: str(raw["metadata"].get("uid") or "") for key, raw in pools.items()}
+        objects = [obj for obj, _ in kids.values()]
+        owners = {key: owner for key, (_, owner) in kids.items()}
+        for gone in self.children.refresh(objects, owners=owners, pools=uids):
             self.signals.forget(gone)
+        strangers = self.children.strangers
+        for stranger, pool_key in sorted(strangers.items()):
+            if stranger in self._warned:
+                continue
+            message = (
+                f"Proxy {stranger} carries the label of pool {pool_key} but is not owned by it: left alone; "
+                "remove the label or delete it yourself"
+            )
+            log.warning("%s", message, extra={"fields": {"pool": pool_key}})
+            self.events.warn(pools[pool_key], "NotOwned", message)
+        self._warned = set(strangers)
         for key in sorted(pools):
             try:
                 self._step_pool(pools[key])
@@ -134,12 +171,18 @@ class ClusterPools:
             now=now,
             observe=self.signals.observer(pool),
             unmet=self.signals.unmet_for(pool),
+            leaving=self.children.leaving(pool.key),
+            held=unknown_providers(pool, self.source.catalogue),
         )
         for event in decision.events:
             log.info("pool %s: %s", pool.key, event, extra={"fields": {"pool": pool.key}})
-        self._apply(pool, raw, members, decision)
-        members = self.children.members(pool.key)
-        self._retemplate(pool, members)
+        if decision.held is not None:  # nothing created, deleted or patched: the children run on
+            log.warning("pool %s: %s", pool.key, decision.held, extra={"fields": {"pool": pool.key}})
+            self.events.warn(raw, UNKNOWN_PROVIDER, decision.held)
+        else:
+            self._apply(pool, raw, members, decision)
+            members = self.children.members(pool.key)
+            self._retemplate(pool, members)
         self._write_status(pool, raw, members, memory, decision)
 
     def _apply(self, pool: ProxyPool, raw: Obj, members: list[Member], decision: Decision) -> None:
@@ -189,8 +232,9 @@ class ClusterPools:
     def _retemplate(self, pool: ProxyPool, members: list[Member]) -> None:
         """A template edit reaches every child: its spec and labels merge-patched (proxies patch)."""
         for member in members:
-            obj = self.source.object(member.key)
-            patch = retemplated(pool, member, obj.body if obj is not None else None)
+            with self._lock:
+                seen = self._kids.get(member.key)
+            patch = retemplated(pool, member, seen[0].body if seen is not None else None)
             if patch is None:
                 continue
             namespace, name = member.key.split("/", 1)
@@ -209,6 +253,7 @@ class ClusterPools:
             memory=memory,
             desired=decision.desired,
             healthy=lambda key: inventory.health(key).healthy,
+            held=decision.held,
         )
         uid = str(raw["metadata"].get("uid") or "")
         base: Obj = self._written.get(uid) or raw.get("status") or {}
@@ -251,6 +296,24 @@ class ClusterPools:
                 self._pools.pop(_key(obj), None)
             else:
                 self._pools[_key(obj)] = obj
+
+    def _kids_lister(self, path: str) -> Callable[[list[tuple[ProxyObject, Owner | None]]], None]:
+        namespace = path.split("/namespaces/")[1].split("/")[0] if "/namespaces/" in path else None
+
+        def on_list(items: list[tuple[ProxyObject, Owner | None]]) -> None:
+            with self._lock:
+                for key in [k for k in self._kids if namespace is None or k.startswith(f"{namespace}/")]:
+                    del self._kids[key]
+                self._kids.update({obj.key: (obj, owner) for obj, owner in items})
+
+        return on_list
+
+    def _kid_event(self, kind: str, item: tuple[ProxyObject, Owner | None]) -> None:
+        with self._lock:
+            if kind == "DELETED":
+                self._kids.pop(item[0].key, None)
+            else:
+                self._kids[item[0].key] = item
 
 
 def _slim(obj: Obj) -> Obj:

@@ -44,13 +44,6 @@ class KubeSettings(BaseSettings):
         10.0, gt=0, le=300, description="A leader that cannot renew within this long stops its work."
     )
     retry_period_seconds: float = Field(2.0, gt=0, le=60, description="How often the Lease is tried.")
-    lock_grace_seconds: float = Field(
-        30.0,
-        ge=0,
-        le=3600,
-        description="A stack lock of another replica is recovered once its Lease expired this long ago "
-        "(or its pod is gone).",
-    )
 
     @model_validator(mode="after")
     def _election_timing(self) -> KubeSettings:

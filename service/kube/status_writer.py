@@ -67,6 +67,17 @@ class StatusWriter(Worker):
         self._dirty: set[str] = set()
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        # Only a leader writes: a replica that stepped down writes nothing more, even what it had queued.
+        self.leading: Callable[[], bool] = lambda: True
+
+    def begin_term(self) -> None:
+        """A new term of leadership: what was written in an earlier one may have been overwritten by
+        another leader since, so each status is read again before it is compared; every key is marked."""
+        with self._cond:
+            self._written.clear()
+            self._uids.clear()
+        for key in self.board.tracked():
+            self.mark(key)
 
     def start(self) -> None:
         """Listen to the board, and write what it holds now (a new leader brings the cluster up to date)."""
@@ -133,6 +144,8 @@ class StatusWriter(Worker):
                 self._retry_at.pop(key, None)
 
     def _write(self, key: str) -> None:
+        if not self.leading():
+            return  # a follower: the next term marks every key again (begin_term)
         ref, status = self.lookup(key), self.board.published(key)
         if ref is None or status is None:
             self._forget(key)

@@ -23,7 +23,7 @@ class Observed:
 @dataclass
 class PoolMemory:
     draining: dict[str, float] = field(default_factory=dict)  # child -> when its drain began
-    scaling_down: set[str] = field(default_factory=set)
+    scaling_down: set[str] = field(default_factory=set)  # drained for a scale-down, until gone for good
     failures: dict[str, int] = field(default_factory=dict)  # child -> replacements of it rolled back
     retry_at: dict[str, float] = field(default_factory=dict)  # child -> earliest next replacement
     degraded: dict[str, str] = field(default_factory=dict)  # child -> why its replacement failed
@@ -42,10 +42,12 @@ class PoolMemory:
 @dataclass
 class Decision:
     """What one pass over a pool decided: children to create (placement key, the child it replaces),
-    children to drain (discovery stops handing them out) and children whose deletion the pool declares."""
+    children to drain (discovery stops handing them out) and children whose deletion the pool declares.
+    A held pool decides nothing (`held` says why)."""
 
     create: list[tuple[str, str | None]] = field(default_factory=list)
     drain: list[str] = field(default_factory=list)
     delete: list[str] = field(default_factory=list)
     events: list[str] = field(default_factory=list)
     desired: int = 0
+    held: str | None = None  # why the pool holds (service/pools/hold.py): nothing was decided

@@ -1,12 +1,21 @@
 """One pass over one pool: a pure function of (pool, members, signals, memory, clock) -> Decision.
 
-Order: demand adjusts the target; replacements in flight settle (drain or roll back); drained children
-finish; each placement is brought to its share of the target (new children, or the oldest drained and then
-deleted); finally the rotation rules start replacements within `maxUnavailable`. Without signals (a one-shot
-`up`, nothing probes) only the shape is kept: no replacement, no demand.
+Order: a pool whose placement names an unknown provider holds (`hold.py`: no decision at all); demand
+adjusts the target; replacements in flight settle (drain or roll back); drained children finish; each
+placement is brought to its share of the target; finally the rotation rules start replacements.
+
+`maxUnavailable` bounds what may leave at once, one budget for all: replacements in flight, children
+drained for a scale-down and those whose deletion is declared but not finished (`leaving`). A scale-down
+drains at most the budget, oldest first, the next only once a removal finished; a child on a placement
+that lost share (a placement change) is *replaced* on the placement that gained it, the rotation's
+make-before-break: the new child first, the old one drained once the new one is healthy. A scale-up is not
+bounded (nothing leaves). Without signals (a one-shot `up`, nothing probes or serves) only the shape is
+kept, at once: no replacement, no demand, no budget.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from service.pools import rotation
 from service.pools.expand import spread
@@ -25,11 +34,19 @@ def decide(
     now: float,
     observe: Observe | None,
     unmet: int = 0,
+    leaving: Collection[str] = (),
+    held: str | None = None,
 ) -> Decision:
+    """`leaving`: names of the pool's children whose deletion was declared and has not finished yet;
+    `held`: why the pool holds (`hold.unknown_providers`), None when it does not."""
     decision = Decision()
-    memory.forget_gone({m.name for m in members})
+    memory.forget_gone({m.name for m in members} | set(leaving))
     if memory.replicas_seen != pool.spec.replicas:  # an edit of replicas restarts demand's adjustment
         memory.replicas_seen, memory.extra = pool.spec.replicas, 0
+    if held is not None:
+        decision.desired = pool.spec.clamp(pool.spec.replicas + memory.extra)
+        decision.held = held
+        return decision
     if observe is not None and pool.spec.demand is not None:
         _demand(pool, members=members, observe=observe, memory=memory, now=now, unmet=unmet, into=decision)
     decision.desired = pool.spec.clamp(pool.spec.replicas + memory.extra)
@@ -37,23 +54,28 @@ def decide(
         rotation.settle(pool, members=members, observe=observe, memory=memory, now=now, into=decision)
         rotation.finish_drains(pool, members=members, observe=observe, memory=memory, now=now, into=decision)
     # A child deleted in this pass no longer counts; the replacement of a deleted child counts instead.
-    counted = counted_members([m for m in members if m.name not in decision.delete], memory)
-    _scale(pool, counted=counted, memory=memory, now=now, into=decision)
-    if observe is None:  # a one-shot run serves no leases: a scaled-down child goes at once
+    live = [m for m in members if m.name not in decision.delete]
+    counted = counted_members(live, memory)
+    pairs = rotation.pairs_of(members)
+    in_flight = len(pairs) - sum(1 for new in pairs if new in decision.delete)
+    if observe is None:  # a one-shot run serves no leases: the shape at once, a scaled-down child goes
+        _scale(pool, members=live, counted=counted, memory=memory, now=now, room=None, into=decision)
         decision.delete += decision.drain
         decision.drain = []
-    if observe is not None:
-        pairs = rotation.pairs_of(members)
-        busy = set(pairs.values()) | set(memory.draining) | set(decision.delete)
-        rotation.start_replacements(
-            pool,
-            candidates=[m for m in counted if m.name not in busy],
-            in_flight=len(pairs) - sum(1 for new in pairs if new in decision.delete),
-            observe=observe,
-            memory=memory,
-            now=now,
-            into=decision,
-        )
+        return decision
+    room = pool.spec.max_unavailable_count() - in_flight - len(memory.scaling_down)
+    room = _scale(pool, members=live, counted=counted, memory=memory, now=now, room=room, into=decision)
+    moving = {old for _, old in decision.create if old is not None}
+    busy = set(pairs.values()) | set(memory.draining) | set(decision.delete) | moving
+    rotation.start_replacements(
+        pool,
+        candidates=[m for m in counted if m.name not in busy],
+        in_flight=pool.spec.max_unavailable_count() - room,
+        observe=observe,
+        memory=memory,
+        now=now,
+        into=decision,
+    )
     return decision
 
 
@@ -64,16 +86,56 @@ def counted_members(members: list[Member], memory: PoolMemory) -> list[Member]:
     return [m for m in members if m.name not in pairs and m.name not in memory.scaling_down]
 
 
-def _scale(pool: ProxyPool, *, counted: list[Member], memory: PoolMemory, now: float, into: Decision) -> None:
+def _scale(
+    pool: ProxyPool,
+    *,
+    members: list[Member],
+    counted: list[Member],
+    memory: PoolMemory,
+    now: float,
+    room: int | None,
+    into: Decision,
+) -> int:
+    """Bring each placement to its share; returns what is left of the budget (`room`; None: unbounded).
+
+    A child being replaced counts on its replacement's placement (a move under way). Places short where
+    others have too many are filled by replacing those (make-before-break); the rest of the places short
+    get new children; the rest of the surplus is drained, oldest first (a child already being replaced
+    last, it is leaving anyway)."""
     shares = spread(pool.spec.placement, into.desired)
-    replaced = {m.replaces for m in counted}
+    by_name = {m.name: m for m in members}
+    new_of = {old: new for new, old in rotation.pairs_of(members).items()}
+
+    def where(m: Member) -> str:
+        new = new_of.get(m.name)
+        return by_name[new].placement if new is not None else m.placement
+
+    short: list[str] = []
+    surplus = sorted(
+        (m for m in counted if where(m) not in shares), key=lambda m: (m.name in new_of, m.born, m.name)
+    )
     for key, want in shares.items():
-        here = [m for m in counted if m.placement == key]
-        into.create += [(key, None)] * max(want - len(here), 0)
-        # Oldest first; a child whose replacement is under way goes last (it is leaving anyway).
-        surplus = sorted(here, key=lambda m: (m.name in replaced, m.born, m.name))[: max(len(here) - want, 0)]
+        here = sorted(
+            (m for m in counted if where(m) == key), key=lambda m: (m.name in new_of, m.born, m.name)
+        )
+        short += [key] * max(want - len(here), 0)
+        surplus += here[: max(len(here) - want, 0)]
+    if room is None:
+        into.create += [(key, None) for key in short]
         _scale_down(surplus, memory=memory, now=now, into=into)
-    _scale_down([m for m in counted if m.placement not in shares], memory=memory, now=now, into=into)
+        return 0
+    movers = [m for m in surplus if m.name not in new_of]
+    matched = min(len(short), len(movers))
+    into.create += [(key, None) for key in short[matched:]]  # more places than leavers: nothing leaves
+    for key, old in zip(short[:matched], movers[:matched], strict=True):
+        if room > 0 and memory.retry_at.get(old.name, now) <= now:
+            into.create.append((key, old.name))
+            into.events.append(f"replacing {old.name} on {old.placement} by a child on {key}: placement")
+            room -= 1
+    rest = [*movers[matched:], *(m for m in surplus if m.name in new_of)]
+    take = rest[: max(room, 0)]
+    _scale_down(take, memory=memory, now=now, into=into)
+    return room - len(take)
 
 
 def _scale_down(members: list[Member], *, memory: PoolMemory, now: float, into: Decision) -> None:

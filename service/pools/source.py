@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from service.pools.expand import child_proxy, new_child
+from service.pools.hold import UNKNOWN_PROVIDER, unknown_providers
 from service.pools.memory import Decision, PoolMemory
 from service.pools.naming import Member, member_of
 from service.pools.plan import decide
@@ -64,6 +65,7 @@ class PoolSource:
         self._children: dict[str, Member] = {}  # key -> live child
         self._leaving: dict[str, Proxy] = {}  # key -> child whose deletion the pool declared
         self._emitted: dict[str, Proxy] = {}
+        self._strangers: set[str] = set()  # folder documents carrying a pool label (warned once)
         self.memory: dict[str, PoolMemory] = {}
         self.status: dict[str, ProxyPoolStatus] = {}
 
@@ -83,6 +85,7 @@ class PoolSource:
 
     def poll(self) -> SourceChange:
         change = self.inner.poll()
+        self._disown(change)
         self._take(self._read_pools(change))
         if self.ready():
             for key in sorted(set(self._pools) | self._removed):
@@ -91,13 +94,17 @@ class PoolSource:
 
     def track(self, proxies: Iterable[Proxy]) -> None:
         rest: list[Proxy] = []
+        declared = {p.key for p in self.inner.proxies()}
         for proxy in proxies:
             member = member_of(proxy)
-            if member is None:
+            if member is None or proxy.key in declared:  # the folder declares it: not the pool's
                 rest.append(proxy)
             elif proxy.key not in self._leaving:
                 self._children.setdefault(proxy.key, member)
         self.inner.track(rest)
+
+    def backend_loaded(self) -> None:
+        self.inner.backend_loaded()
 
     def release(self, key: str) -> None:
         if self._leaving.pop(key, None) is None:
@@ -124,6 +131,26 @@ class PoolSource:
     def children(self, pool_key: str) -> list[Member]:
         return sorted((m for m in self._children.values() if m.pool == pool_key), key=lambda m: m.name)
 
+    def _disown(self, change: SourceChange) -> None:
+        """A Proxy the folder declares is the folder's, whatever its labels: the pool generates no
+        documents, so one carrying a pool label was written by hand (or copied). It is never a child."""
+        for proxy in self.inner.proxies():
+            member = member_of(proxy)
+            if member is None:
+                continue
+            if self._children.pop(proxy.key, None) is not None:
+                self._emitted.pop(proxy.key, None)
+            if proxy.key not in self._strangers:
+                self._strangers.add(proxy.key)
+                log.warning(
+                    "Proxy %s carries the label of pool %s but is not owned by it (a document of the folder: "
+                    "the pool writes none): left alone; remove the label or delete it yourself",
+                    proxy.key,
+                    member.pool,
+                    extra={"fields": {"pool": member.pool}},
+                )
+        self._strangers &= {p.key for p in self.inner.proxies()}
+
     def _take(self, read: PoolRead | None) -> None:
         if read is None:
             return
@@ -147,6 +174,7 @@ class PoolSource:
                     self._removed.discard(key)
             return
         memory = self.memory.setdefault(key, PoolMemory())
+        leaving = [m.name for m in map(member_of, self._leaving.values()) if m is not None and m.pool == key]
         decision = decide(
             pool,
             members=members,
@@ -154,8 +182,13 @@ class PoolSource:
             now=self._clock(),
             observe=self._observer(pool),
             unmet=self._unmet(pool),
+            leaving=leaving,
+            held=unknown_providers(pool, self.catalogue),
         )
-        self._apply(pool, members, decision, change)
+        if decision.held is not None:  # nothing decided: the children stay as they are, not re-templated
+            self._emit(pool, change, retemplate=False)
+        else:
+            self._apply(pool, members, decision, change)
         self._report(pool, memory, decision)
 
     def _observer(self, pool: ProxyPool) -> Observe | None:
@@ -190,9 +223,10 @@ class PoolSource:
         if member is not None:
             self._children[member.key] = member
 
-    def _emit(self, pool: ProxyPool, change: SourceChange) -> None:
-        """Upsert each child as the pool's current template declares it, when that differs from before."""
-        placements = {p.key: p for p in pool.spec.placement}
+    def _emit(self, pool: ProxyPool, change: SourceChange, *, retemplate: bool = True) -> None:
+        """Upsert each child as the pool's current template declares it, when that differs from before
+        (a held pool's: as it is)."""
+        placements = {p.key: p for p in pool.spec.placement} if retemplate else {}
         for member in self.children(pool.key):
             placement = placements.get(member.placement)
             proxy = member.proxy
@@ -236,9 +270,18 @@ class PoolSource:
             memory=memory,
             desired=decision.desired,
             healthy=(lambda key: inventory.health(key).healthy) if inventory is not None else None,
+            held=decision.held,
         )
         before = self.status.get(pool.key)
         self.status[pool.key] = status
         if before is None or before.conditions != status.conditions:
             for c in status.conditions:
-                log.info("pool %s: %s=%s (%s) %s", pool.key, c.type, c.status, c.reason, c.message)
+                log.log(
+                    logging.WARNING if c.reason == UNKNOWN_PROVIDER else logging.INFO,
+                    "pool %s: %s=%s (%s) %s",
+                    pool.key,
+                    c.type,
+                    c.status,
+                    c.reason,
+                    c.message,
+                )

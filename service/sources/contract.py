@@ -125,6 +125,10 @@ class Source(Protocol):
         """Proxies the backend holds applied (read back at start): a complete read that lacks one declares
         its deletion; an incomplete one holds it."""
 
+    def backend_loaded(self) -> None:
+        """Every `track` of a complete read of the backend is in: destructive decisions may be taken from
+        now on (until then a deletion the source cannot place is left as it is)."""
+
     def release(self, key: str) -> None:
         """The deleting Proxy's resources are gone (or forgotten): drop it (remove our finalizer)."""
 

@@ -71,6 +71,9 @@ class DirectorySource:
                 self._tracked[proxy.key] = proxy
                 self._rejudge = True
 
+    def backend_loaded(self) -> None:
+        """Nothing to wait for: a folder declares a deletion only by a complete read against `track`."""
+
     def release(self, key: str) -> None:
         """The reconciler removed a deleting proxy's resources (or forgot them): drop the record."""
         proxy = self._proxies.get(key)

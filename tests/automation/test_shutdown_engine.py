@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from automation.engine.children import pulumi_children
 from tests.automation.eventually import eventually
 from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
@@ -31,6 +30,22 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def pulumi_descendants(pid: int) -> list[int]:
+    """The `pulumi` processes below `pid` (each runs under its watchdog, a child of ours)."""
+    found, todo = [], children(pid)
+    while todo:
+        child = todo.pop()
+        try:
+            comm = Path(f"/proc/{child}/comm").read_text().strip()
+        except OSError:
+            continue
+        if comm == "pulumi":
+            found.append(child)
+        else:
+            todo += children(child)
+    return found
+
+
 def running_up(locks: Path) -> int | None:
     """The pid of our `pulumi up` child once it holds the stack's lock and its engine has started the
     program (the language host is its child). Before that point the CLI has not installed its SIGINT
@@ -41,7 +56,7 @@ def running_up(locks: Path) -> int | None:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError, KeyError):
             continue  # being written, or just released
-        if pid in pulumi_children(os.getpid()) and b"up" in argv and children(pid):
+        if pid in pulumi_descendants(os.getpid()) and b"up" in argv and children(pid):
             return pid
     return None
 
@@ -60,7 +75,7 @@ def test_close_interrupts_a_running_up_and_leaves_no_lock(fleet: Fleet, pulumi_e
 
         await controller.close(grace=60)
 
-        assert pulumi_children(os.getpid()) == []
+        assert pulumi_descendants(os.getpid()) == []
         assert not list(locks.rglob("*.json")), "the interrupted up left its lock"
         # Interrupted, not finished: the operation raised "update canceled", and Pulumi recorded the
         # update as failed.

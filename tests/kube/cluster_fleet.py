@@ -158,6 +158,7 @@ class ClusterFleet:
             backoff_cap_seconds=1.0,
             poll_seconds=0.2,
             resync_seconds=0,
+            deletion_window_quiet_seconds=0.5,  # a short deletion window: the suite's time budget
             health=HealthSettings(interval_seconds=0.5, healthy_threshold=1),
         )
 

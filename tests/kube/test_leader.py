@@ -19,6 +19,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from service.kube.client import request_json
+from service.kube.heartbeat import OperationsHeartbeat, heartbeat_name
 from service.kube.holder import lease_holder_gone
 from service.kube.leader import LeaderElector
 from service.kube.lease import LeaseRecord, read_lease, utcnow, write_lease
@@ -329,35 +330,78 @@ def create_pod(api: ApiClient, name: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("holder", "handed_over_ago", "pod_exists", "gone"),
+    ("leader", "heartbeat", "pod_exists", "gone"),
     [
-        ("itself", 3600, False, False),  # it still holds the Lease
-        ("new-pod", 3600, True, True),  # the Lease left it long ago
-        ("new-pod", 1, True, False),  # it just lost the Lease and its pod is there: it may be stopping
-        ("new-pod", 1, False, True),  # its pod is gone
-        (None, 3600, True, True),  # released long ago
-        (None, 1, True, False),
+        ("itself", "expired", False, False),  # it leads: its locks are the one writer's
+        ("new-pod", None, True, False),  # no heartbeat, its pod is there: no evidence, however long ago
+        ("new-pod", None, False, True),  # its pod is gone
+        ("new-pod", "running", True, False),  # its operations heartbeat is renewed: it may run Pulumi
+        ("new-pod", "running", False, True),  # ... but its pod is gone
+        ("new-pod", "expired", True, True),  # not renewed for longer than any child of its may run
+        ("new-pod", "released", True, True),  # it ended its term with no child left
+        (None, "running", True, False),
     ],
 )
-def test_lease_holder_gone(
+def test_lease_holder_gone_takes_evidence_not_time(
     namespace: str,
     kube_client: ApiClient,
-    holder: str | None,
-    handed_over_ago: int,
+    leader: str | None,
+    heartbeat: str | None,
     pod_exists: bool,
     gone: bool,
 ) -> None:
-    case = f"{holder or 'none'}-{handed_over_ago}-{pod_exists}".lower()
+    """A stack lock of another replica is taken over only on evidence that it cannot run Pulumi: its pod
+    gone, or its operations heartbeat expired or released. The Lease leaving it long ago is not evidence
+    (the rule before issue 17, which let a frozen leader's `up` run beside the new leader's)."""
+    case = f"{leader or 'none'}-{heartbeat or 'none'}-{pod_exists}".lower()
     lease, identity = f"holder-{case}", f"old-{case}"
-    moment = utcnow() - timedelta(seconds=handed_over_ago)
-    record = LeaseRecord(
-        holder=identity if holder == "itself" else holder, duration_seconds=3, acquired=moment, renewed=moment
+    long_ago = utcnow() - timedelta(seconds=3600)
+    owner = identity if leader == "itself" else leader
+    put_lease(
+        kube_client,
+        lease,
+        LeaseRecord(holder=owner, duration_seconds=3600, acquired=long_ago, renewed=utcnow()),
     )
-    put_lease(kube_client, lease, record)
+    config = settings(lease, "pod-checking")
+    if heartbeat is not None:
+        renewed = long_ago if heartbeat == "expired" else utcnow()
+        record = LeaseRecord(holder=identity, duration_seconds=30, acquired=long_ago, renewed=renewed)
+        put_lease(
+            kube_client,
+            heartbeat_name(config, identity),
+            record.released(utcnow()) if heartbeat == "released" else record,
+        )
     if pod_exists:
         create_pod(kube_client, identity)
-    config = settings(lease, "pod-checking", lock_grace_seconds=30)
     assert lease_holder_gone(kube_client, config, identity) is gone
+
+
+def test_the_heartbeat_is_on_record_while_operations_run_and_released_after(
+    namespace: str, kube_client: ApiClient
+) -> None:
+    """ensure() writes the heartbeat before an operation (a lock then always has evidence behind it); the
+    keeper renews it while the term is busy; release() tells the others no operation of ours runs."""
+    config = settings("hb-cycle", "replica-hb")
+    busy = [True]
+    beat = OperationsHeartbeat(kube_client, config, grace=1.0, busy=lambda: busy[0])
+    other = settings("hb-cycle", "replica-other")
+    create_pod(kube_client, "replica-hb")
+    assert lease_holder_gone(kube_client, other, "replica-hb") is False  # no heartbeat: the pod is there
+    beat.ensure()
+    first = read_lease(kube_client, namespace=NS, name=heartbeat_name(config, "replica-hb"), timeout=10)
+    assert first is not None
+    assert first.record.holder == "replica-hb"
+    assert beat.covers_until() > time.monotonic()
+    time.sleep(config.retry_period_seconds * 2.5)
+    renewed = read_lease(kube_client, namespace=NS, name=heartbeat_name(config, "replica-hb"), timeout=10)
+    assert renewed is not None
+    assert renewed.record.renewed is not None
+    assert first.record.renewed is not None
+    assert renewed.record.renewed > first.record.renewed, "the keeper renews while operations run"
+    assert lease_holder_gone(kube_client, other, "replica-hb") is False
+    busy[0] = False
+    beat.release()
+    assert lease_holder_gone(kube_client, other, "replica-hb") is True
 
 
 def test_lease_holder_gone_without_a_lease_asks_the_pods(namespace: str, kube_client: ApiClient) -> None:

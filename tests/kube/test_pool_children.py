@@ -47,14 +47,22 @@ def obj(proxy: Proxy, *, deleting: bool = False) -> ProxyObject:
     )
 
 
+OWNERS = {f"crawl/{n}": ("eu", "u1") for n in ("eu-aaaaa", "eu-bbbbb")}
+POOLS = {"crawl/eu": "u1"}
+
+
+def refresh(kids: ClusterChildren, objects: list[ProxyObject]) -> list[str]:
+    return kids.refresh(objects, owners=OWNERS, pools=POOLS)
+
+
 def test_a_created_child_counts_until_the_cache_shows_it_and_not_twice() -> None:
     clock = Clock()
     kids = ClusterChildren(clock=clock)
     first = child("eu-aaaaa")
-    kids.refresh([])
+    refresh(kids, [])
     kids.created(first)
     assert [m.name for m in kids.members("crawl/eu")] == ["eu-aaaaa"], "counted before the watch shows it"
-    kids.refresh([obj(first)])
+    refresh(kids, [obj(first)])
     assert [m.name for m in kids.members("crawl/eu")] == ["eu-aaaaa"], "counted once when it shows"
 
 
@@ -63,21 +71,21 @@ def test_a_created_child_no_event_ever_shows_stops_counting() -> None:
     kids = ClusterChildren(clock=clock)
     kids.created(child("eu-aaaaa"))
     clock.now += PENDING_SECONDS + 1
-    kids.refresh([])
+    refresh(kids, [])
     assert kids.members("crawl/eu") == []
 
 
 def test_a_deleted_child_leaves_at_once_keeps_its_port_and_is_reported_gone_at_the_end() -> None:
     kids = ClusterChildren(clock=Clock())
     one, two = child("eu-aaaaa", port=18000), child("eu-bbbbb", port=18001)
-    kids.refresh([obj(one), obj(two)])
+    refresh(kids, [obj(one), obj(two)])
     kids.deleted(one.key)
-    kids.refresh([obj(one), obj(two)])  # the cache does not show the deletion yet
+    refresh(kids, [obj(one), obj(two)])  # the cache does not show the deletion yet
     assert [m.name for m in kids.members("crawl/eu")] == ["eu-bbbbb"]
     assert {m.proxy.spec.port for m in kids.all()} == {18000, 18001}, "a leaving child's port stays taken"
-    kids.refresh([obj(one, deleting=True), obj(two)])
+    refresh(kids, [obj(one, deleting=True), obj(two)])
     assert [m.name for m in kids.members("crawl/eu")] == ["eu-bbbbb"]
-    assert kids.refresh([obj(two)]) == [one.key], "gone: its signals can be forgotten"
+    assert refresh(kids, [obj(two)]) == [one.key], "gone: its signals can be forgotten"
 
 
 def test_the_body_is_owned_by_the_pool_and_a_template_edit_is_a_patch() -> None:
@@ -99,3 +107,13 @@ def test_the_body_is_owned_by_the_pool_and_a_template_edit_is_a_patch() -> None:
     assert patch is not None
     assert patch["spec"]["protocol"] == "socks5"
     assert "port" not in patch["spec"], "the child keeps its port"
+
+
+def test_a_proxy_with_the_label_but_not_owned_by_the_pool_is_a_stranger() -> None:
+    kids = ClusterChildren(clock=Clock())
+    mine, owned, old = child("eu-mine0"), child("eu-aaaaa"), child("eu-bbbbb", port=18001)
+    owners = {owned.key: ("eu", "u1"), old.key: ("eu", "u0")}  # eu-bbbbb: a pool of that name before
+    kids.refresh([obj(mine), obj(owned), obj(old)], owners=owners, pools=POOLS)
+    assert [m.name for m in kids.members("crawl/eu")] == ["eu-aaaaa"]
+    assert kids.strangers == {mine.key: "crawl/eu", old.key: "crawl/eu"}
+    assert len(kids.all()) == 3, "a stranger's name and port stay taken for new children"

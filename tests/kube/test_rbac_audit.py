@@ -180,10 +180,10 @@ def test_deploy_rbac_is_enough_and_nothing_more(
     offset = log_offset(kube_api.audit_log)
 
     async def scenario() -> None:
-        # A long grace: the gone replica's lock is recovered by reading its pod, not by the Lease's age.
-        a = await fleet.start("replica-a", lock_grace_seconds=300.0)
+        # The gone replica's lock is recovered on evidence: its pod or its operations heartbeat.
+        a = await fleet.start("replica-a")
         await until(lambda: a.mode.leading, what="a leads")
-        b = await fleet.start("replica-b", lock_grace_seconds=300.0)
+        b = await fleet.start("replica-b")
         try:
             user_secret(fleet, "p2-login")
             fleet.create("p1", port=first)

@@ -200,6 +200,40 @@ def test_demand_scales_up_then_idle_scales_down(rig: PoolRig) -> None:
     run(rig, scenario)
 
 
+def test_a_placement_naming_an_unknown_provider_holds_the_pool(rig: PoolRig) -> None:
+    """A typo in a placement's provider: nothing is drained or deleted (its replacements could never be
+    provisioned), the running children keep serving, the status says which placement and how to fix it;
+    once corrected, the pool moves on."""
+    where = ports()
+
+    async def scenario() -> None:
+        rig.write_pool(replicas=2, **where)
+        rig.start()
+        await rig.step()
+        await rig.step()
+        before = {m.name: m for m in rig.children()}
+        assert rig.placements() == {"a": 1, "b": 1}
+        typo = [
+            {"provider": "a", "portBase": where["port_a"]},
+            {"provider": "bb", "portBase": where["port_b"]},
+        ]
+        rig.write_pool(replicas=2, placement=typo)
+        for _ in range(3):
+            await rig.step()
+            await rig.clock.advance(61)
+        assert set(before) == {m.name for m in rig.children()}, "no child drained, deleted or added"
+        for m in before.values():
+            assert not rig.inventory.is_draining(m.key)
+            assert rig.inventory.health(m.key).healthy
+            assert accepts(m.proxy.spec.port)
+        degraded = next(c for c in rig.source.status[POOL_KEY].conditions if c.type == "Degraded")
+        assert (degraded.status, degraded.reason) == ("True", "UnknownProvider")
+        assert "spec.placement[1] names provider 'bb'" in degraded.message
+        assert "known: a, b" in degraded.message
+
+    run(rig, scenario)
+
+
 def run(rig: PoolRig, scenario: Callable[[], Awaitable[None]]) -> None:
     async def main() -> None:
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,19 @@ def test_preview_lists_the_children_a_pool_would_create(pulumi_env: PulumiEnv, t
     [pool] = report["pools"]
     assert {c["change"] for c in pool["children"]} == {"create"}
     assert report["totals"]["create"] == 6
+
+
+@pytest.mark.parametrize("kind", ["ProxyPools", "proxypool", "ProxyPol", "Proxypool"])
+def test_a_misspelt_pool_kind_deletes_none_of_its_children(tmp_path: Path, kind: str) -> None:
+    """A pool whose kind is misspelt used to read as "pool removed" from a complete read: every child went."""
+    manifests = tmp_path / "m"
+    shutil.copytree(EXAMPLE, manifests)
+    path = manifests / "pool.yaml"
+    path.write_text(path.read_text().replace("kind: ProxyPool", f"kind: {kind}"))
+    applied = applied_children(6)
+    pooled, change, pools = expand_for_preview(DirectorySource(manifests), applied=applied)
+    assert change.deletions == [], "a misspelt ProxyPool is not a removed ProxyPool"
+    assert not change.complete
+    assert any('did you mean "ProxyPool"?' in p.message for p in change.problems)
+    assert {p.key for p in declared(pooled)} == {p.key for p in applied}, "every child is kept"
+    assert pools == []

@@ -49,6 +49,32 @@ def test_invalid_manifest_exits_1_naming_the_problem(example: LocalExample, tmp_
 
 
 @pytest.mark.engine
+def test_a_misspelt_kind_fails_the_preview_instead_of_deleting(
+    pulumi_env: PulumiEnv, example: LocalExample, tmp_path: Path
+) -> None:
+    """`kind: proxy` on an applied Proxy used to preview as its deletion, exit 0."""
+    settings = OperatorSettings(state_dir=tmp_path / "state")
+    state = ["--state-dir", str(settings.state_dir)]
+    try:
+        assert asyncio.run(apply_once(settings, example.manifests)).ok
+        path = example.manifests / "local-2.yaml"
+        path.write_text(path.read_text().replace("kind: Proxy", "kind: proxy"))
+        result = invoke("preview", "--manifests", str(example.manifests), *state, "--json")
+        assert result.exit_code == 1, result.output
+        assert "local-2.yaml:" in result.stderr
+        assert 'kind "proxy" with apiVersion crawl.example.com/v1alpha1' in result.stderr
+        assert 'did you mean "Proxy"?' in result.stderr
+        report = json.loads(result.stdout)
+        assert report["decisions"]["deleted"] == []
+        assert "default/local-2" in report["decisions"]["held"]
+        [stack] = report["stacks"]
+        assert stack["proxies"]["delete"] == []
+    finally:
+        Engine(settings.engine_config()).destroy("local")
+    assert example.kill_processes() == []
+
+
+@pytest.mark.engine
 def test_preview_then_stacks_commands(pulumi_env: PulumiEnv, example: LocalExample, tmp_path: Path) -> None:
     """The backend and passphrase come from PULUMI_BACKEND_URL / PULUMI_CONFIG_PASSPHRASE (pulumi_env)."""
     settings = OperatorSettings(state_dir=tmp_path / "state")

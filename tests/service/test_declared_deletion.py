@@ -69,6 +69,9 @@ class Folder:
         self.tick += 1_000_000
         os.utime(self.root, ns=(self.tick, self.tick))
 
+    def miskind(self, name: str, *, kind: str) -> None:
+        self._write(f"proxy-{name}.yaml", yaml.safe_dump(proxy_doc(name, port=3000) | {"kind": kind}))
+
     def corrupt(self, file: str) -> None:
         self._write(file, "kind: Proxy\nmetadata: {name: x\n")
 
@@ -90,7 +93,9 @@ def make_controller(folder: Folder, engine: RecordingEngine, state: Path, **over
         backoff_base_seconds=0.01,
         backoff_cap_seconds=0.02,
         resync_seconds=0,
-        **overrides,
+        # sync() is called by hand here: deletions are judged at once (the window's quiet point is tested
+        # in tests/service/test_deletion_window.py); removals still add up over the window's horizon
+        **{"deletion_window_quiet_seconds": 0.0, **overrides},
     )
     return Controller(
         settings=settings,
@@ -163,6 +168,33 @@ def test_a_renamed_catalogue_entry_holds_its_proxies_on_the_old_stack(tmp_path: 
         assert "local" in engine.stacks
         assert held_reason(second, "crawl/a") in ("UnknownProvider", "ProviderMissing")
         await second.close(grace=1)
+
+    run(scenario())
+
+
+def test_a_misspelt_kind_holds_the_running_proxy_and_says_why(tmp_path: Path) -> None:
+    """`kind: proxy` used to read as "no Proxy a here": a clean read, so `a` was declared deleted."""
+    folder = Folder(tmp_path / "m")
+    engine = RecordingEngine(installation="ours")
+
+    async def scenario() -> None:
+        folder.proxy("a", port=3001)
+        folder.proxy("b", port=3002)
+        controller = await apply(make_controller(folder, engine, tmp_path / "s"))
+        folder.miskind("a", kind="proxy")
+        folder.remove("proxy-b.yaml")  # ...and a real removal beside it: not declared until the typo goes
+        await apply(controller)
+        assert engine.backend.destroyed == []
+        assert held_reason(controller, "crawl/a") == "NotDeclared"
+        assert held_reason(controller, "crawl/b") == "NotDeclared"
+        message = controller.status.held()["crawl/a"].message
+        assert 'kind "proxy"' in message
+        assert 'did you mean "Proxy"?' in message
+        assert any("did you mean" in str(p) for p in controller.source.problems)
+        folder.proxy("a", port=3001)  # fixed: now b's removal is declared, a stays
+        await apply(controller)
+        assert engine.backend.destroyed == ["crawl/b"]
+        await controller.close(grace=1)
 
     run(scenario())
 
@@ -349,6 +381,9 @@ OPS = st.one_of(
     st.tuples(st.just("invalid"), st.sampled_from(NAMES[:5]), st.none()),
     st.tuples(st.just("typo"), st.sampled_from(NAMES[:5]), st.none()),
     st.tuples(st.just("nameless"), st.sampled_from(NAMES[:5]), st.none()),
+    st.tuples(
+        st.just("miskind"), st.sampled_from(NAMES[:5]), st.sampled_from(["proxy", "Proxies", "ProxyPol"])
+    ),
     st.tuples(st.just("drop-catalogue"), st.none(), st.none()),
     st.tuples(st.just("restore-catalogue"), st.none(), st.none()),
     st.tuples(st.just("restart"), st.none(), st.none()),
@@ -361,11 +396,13 @@ class Oracle:
 
     files: dict[str, str] = field(
         default_factory=dict
-    )  # name -> "valid" | "invalid" | "corrupt" | "nameless"
+    )  # name -> "valid" | "invalid" | "corrupt" | "nameless" | "miskind"
     catalogue: bool = True
 
     def clean(self) -> bool:
-        return self.catalogue and not any(state in ("corrupt", "nameless") for state in self.files.values())
+        return self.catalogue and not any(
+            state in ("corrupt", "nameless", "miskind") for state in self.files.values()
+        )
 
     def declared(self) -> set[str]:
         return {f"crawl/{name}" for name in self.files}
@@ -410,7 +447,7 @@ def test_no_proxy_is_destroyed_unless_removed_from_a_clean_read(tmp_path_factory
     run(scenario())
 
 
-def _perform(folder: Folder, oracle: Oracle, op: str, name: str | None, port: int | None) -> None:
+def _perform(folder: Folder, oracle: Oracle, op: str, name: str | None, port: int | str | None) -> None:
     file = f"proxy-{name}.yaml"
     if op == "write" and name is not None:
         folder.proxy(name, port=port)
@@ -432,6 +469,9 @@ def _perform(folder: Folder, oracle: Oracle, op: str, name: str | None, port: in
         del doc["metadata"]["name"]
         folder._write(file, yaml.safe_dump(doc))
         oracle.files[name] = "nameless"
+    elif op == "miskind" and name is not None and name in oracle.files:
+        folder.miskind(name, kind=str(port))
+        oracle.files[name] = "miskind"
     elif op == "drop-catalogue":
         folder.remove("catalogue.yaml")
         oracle.catalogue = False

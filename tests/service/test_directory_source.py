@@ -258,3 +258,35 @@ def test_an_unreadable_file_is_a_file_level_problem(tmp_path: Path) -> None:
     assert not change.complete
     assert change.deletions == []
     assert change.held["crawl/a"].reason == "ManifestUnreadable"
+
+
+def test_a_misspelt_kind_holds_the_proxy_it_was_meant_to_be(tmp_path: Path) -> None:
+    """`kind: proxy` (or a version or group of ours that does not exist) is not "no Proxy here": the read
+    is unclean, so the Proxy that ran is held with the hint, never declared deleted."""
+    for kind, api_version in [
+        ("proxy", "crawl.example.com/v1alpha1"),
+        ("Proxies", "crawl.example.com/v1alpha1"),
+        ("Proxy", "crawl.example.com/v1"),
+        ("Proxy", "crawl.example.con/v1alpha1"),
+    ]:
+        root = tmp_path / f"{kind}-{api_version.replace('/', '_')}"
+        write(root / "catalogue.yaml", CATALOGUE)
+        write(root / "a.yaml", proxy("a"))
+        write(root / "b.yaml", proxy("b"))
+        src = source(root)
+        assert src.poll().complete
+        write(root / "a.yaml", proxy("a") | {"kind": kind, "apiVersion": api_version})
+        change = settled(src)
+        assert not change.complete, (kind, api_version)
+        assert change.deletions == [], f"{kind} {api_version}: a misspelt kind declared a deletion"
+        assert change.held["crawl/a"].reason == "NotDeclared"
+        assert "did you mean" in change.held["crawl/a"].message
+        assert "a.yaml" in change.held["crawl/a"].message
+        [problem] = change.problems
+        assert "nothing is deleted until this is fixed" in problem.message
+        assert all(p.metadata.deletion_timestamp is None for p in src.proxies())
+
+        write(root / "a.yaml", proxy("a"))  # fixed: nothing was lost, nothing changes
+        change = settled(src)
+        assert change.complete
+        assert (change.deletions, change.held) == ([], {})

@@ -58,7 +58,7 @@ def test_a_restart_after_the_proxies_died_brings_them_back(
         resync_seconds=3600,  # the periodic drift check is far away: only the restart path may repair
         health=HealthSettings(interval_seconds=0.5, healthy_threshold=1),
     )
-    caplog.set_level(logging.INFO, logger="service.controller")
+    caplog.set_level(logging.INFO, logger="service.reporter")  # "<key> serves at ..." lines
     checker = ClaimChecker()
     logging.getLogger().addHandler(checker)
 

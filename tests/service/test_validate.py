@@ -192,3 +192,29 @@ def test_duplicate_catalogue_name_is_reported_beside_other_entry_errors(tmp_path
         ("provider bad_name", "providers[3].name"),
     ]
     assert "providers[0] and providers[2] are both named 'local'" in problems[0].message
+
+
+def test_a_misspelt_kind_fails_validation_with_the_hint(tmp_path: Path) -> None:
+    good = proxy("web-1", GOOD)
+    directory = write(
+        tmp_path,
+        proxies=[
+            good,
+            proxy("web-2", GOOD.replace("18081", "18082")).replace("kind: Proxy", "kind: proxy"),
+            proxy("web-3", GOOD.replace("18081", "18083")).replace("v1alpha1", "v1"),
+            proxy("web-4", GOOD.replace("18081", "18084")).replace("example.com", "example.con"),
+        ],
+    )
+    result = CliRunner().invoke(app, ["validate", "--manifests", str(directory)])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 4, lines
+    file = directory / "proxies.yaml"
+    assert lines[0] == (
+        f'{file}:12 (document 2) document kind: kind "proxy" with apiVersion crawl.example.com/v1alpha1 is '
+        'not a kind of crawl.example.com (did you mean "Proxy"?); nothing is deleted until this is fixed'
+    )
+    for line, document in zip(lines[1:3], ("(document 3)", "(document 4)"), strict=True):
+        assert document in line
+        assert "did you mean crawl.example.com/v1alpha1?" in line
+    assert lines[3].endswith("1 Proxy, 2 providers: 3 problems")

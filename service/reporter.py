@@ -1,0 +1,282 @@
+"""The control loop's reporter: what the reconciler and the loop tell, made into status, events, the
+inventory and the source's releases.
+
+Kept apart from the loop (`service.controller`): the loop decides what runs; this says what happened.
+Every proxy's conditions come from here (Provisioned, Stalled, Held), the inventory's endpoints that
+discovery and the health engine read, and the release of a deleted proxy back to its source.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from automation.engine import OperationResult, PreviewStep
+from automation.planner import Planner, StackPlan
+from automation.queue_state import QueueState, StackQueueState
+from service.inventory import Inventory, ProxyEndpoint
+from service.sources.contract import Hold, Source, SourceChange
+from service.status import StatusBoard
+from stacks.models import Address, Proxy
+from stacks.models.conditions import ConditionType, Reason
+
+log = logging.getLogger(__name__)
+
+
+class Reporter:
+    def __init__(
+        self,
+        *,
+        planner: Planner,
+        source: Source,
+        inventory: Inventory,
+        status: StatusBoard,
+        leaving: Callable[[str], bool],
+        on_publish: Callable[[ProxyEndpoint], None] | None = None,
+        on_released: Callable[[str], None] = lambda _key: None,
+    ) -> None:
+        self.planner = planner
+        self.source = source
+        self.inventory = inventory
+        self.status = status
+        self._leaving = leaving  # is this proxy's deletion waiting at the deletion gate?
+        self._on_publish = on_publish  # in a cluster: the credentials Secret of each published proxy
+        self._on_released = on_released  # a deletion allowance is used up as its proxies are released
+        self._source_holds: dict[str, Hold] = {}
+        self._applied_hash: dict[str, str] = {}  # key -> the spec hash its stack last applied
+        self._run_due: Callable[[str], bool] = lambda _name: False  # set once the reconciler exists
+        self._discard: Callable[[str], object] = lambda _name: None  # set once the queue exists
+
+    def bind(self, *, run_due: Callable[[str], bool], discard: Callable[[str], object]) -> None:
+        self._run_due, self._discard = run_due, discard
+
+    def stack_applied(
+        self,
+        plan: StackPlan,
+        *,
+        outputs: dict[str, Any],
+        result: OperationResult | None,
+        missing: set[str] | None = None,
+        held: set[str] | None = None,
+    ) -> None:
+        published = outputs.get("proxies") or {}
+        credentials = outputs.get("credentials") or {}
+        for planned in plan.proxies:
+            key, proxy = planned.key, planned.proxy  # decoded once: a plan holds packed proxies
+            out = published.get(key)
+            address = Address(host=out["host"], port=int(out["port"])) if out and out.get("host") else None
+            self.status.set_applied(key, stack=plan.name, spec_hash=planned.spec_hash, address=address)
+            if proxy.metadata.generation is not None:
+                self.status.observe(key, generation=proxy.metadata.generation)
+            if out is None or key in (missing or set()):
+                continue  # left out, or its resources are gone (drift reported): claim nothing
+            held_back = key in (held or set()) or self.planner.held_version(key) is not None
+            if not held_back:
+                self._applied_hash[key] = planned.spec_hash
+            self._provisioned(key, stack=plan.name, held=held_back)
+            if result is not None:
+                log.info(
+                    "%s serves at %s://%s:%s",
+                    key,
+                    out.get("protocol") or "http",
+                    out["host"],
+                    out["port"],
+                    extra={"fields": {"proxy": key, "stack": plan.name}},
+                )
+            self.publish(endpoint_of(proxy, stack=plan.name, out=out, creds=credentials.get(key) or {}))
+        if result is not None and result.changed:
+            log.info(
+                "stack %s applied: %s", plan.name, result.changes, extra={"fields": {"stack": plan.name}}
+            )
+
+    def publish(self, endpoint: ProxyEndpoint) -> None:
+        self.inventory.upsert(endpoint)
+        if self._on_publish is not None:
+            self._on_publish(endpoint)
+
+    def stack_removed(self, name: str) -> None:
+        for endpoint in self.inventory.endpoints():
+            if endpoint.stack == name:
+                self.inventory.remove(endpoint.key)
+        self._discard(name)
+
+    def proxy_event(self, key: str, *, reason: str, message: str, warning: bool = False) -> None:
+        self.status.event(key, reason=reason, message=message, warning=warning)
+
+    def proxy_held(self, key: str, *, reason: str, message: str) -> None:
+        self.hold(key, Hold(reason, message))
+
+    def operation_started(self, plan: StackPlan, *, type_: str) -> None:
+        for key in self._concerned(plan):
+            self.status.operation_started(key, type_=type_)
+
+    def operation_finished(self, plan: StackPlan, *, type_: str, error: str | None = None) -> None:
+        for key in self._concerned(plan):
+            self.status.operation_finished(key, type_=type_, succeeded=error is None, message=error or "")
+
+    def _concerned(self, plan: StackPlan) -> list[str]:
+        """The proxies a run of `plan` changes (new or changed since applied): the others' lastOperation
+        stays, so a neighbour's change writes no status for them."""
+        forced = self._run_due(plan.name)  # not a drift check: a quiet resync writes nothing
+        return [p.key for p in plan.proxies if forced or self._applied_hash.get(p.key) != p.spec_hash]
+
+    def released(self, proxy: Proxy, *, forgotten: bool = False) -> None:
+        self.source.release(proxy.key)
+        self._on_released(proxy.key)
+        self._applied_hash.pop(proxy.key, None)
+        self.inventory.remove(proxy.key)
+        self._source_holds.pop(proxy.key, None)
+        message = (
+            "forgotten from state, its resources kept (skip-cleanup); the proxy is released"
+            if forgotten
+            else "resources removed; the proxy is released"
+        )
+        self.status.event(proxy.key, reason=Reason.RELEASED, message=message)
+        self.status.drop(proxy.key)
+
+    def drift(self, name: str, steps: list[PreviewStep]) -> None:
+        for proxy in sorted({s.proxy or "-" for s in steps}):
+            what = ", ".join(f"{s.op} {s.type} {s.name}" for s in steps if (s.proxy or "-") == proxy)
+            message = f"stack {name} differs from the real resources: {what}"
+            self.status.event(proxy, reason=Reason.DRIFT_DETECTED, warning=True, message=message)
+            if proxy != "-":
+                self.status.set_condition(
+                    proxy,
+                    type_=ConditionType.PROVISIONED,
+                    true=False,
+                    reason=Reason.RESOURCES_MISSING,
+                    message=message + " (driftPolicy detect: set driftPolicy: correct to restore them)",
+                    warning=True,
+                )
+
+    # --- status -----------------------------------------------------------------------------------------
+
+    def _provisioned(self, key: str, *, stack: str, held: bool) -> None:
+        self.status.set_condition(
+            key,
+            type_=ConditionType.PROVISIONED,
+            true=True,
+            reason=Reason.PROVISIONED,
+            message=f"applied in stack {stack}",
+        )
+        self.status.set_condition(key, type_=ConditionType.STALLED, true=False, reason=Reason.RECONCILED)
+        if not held and key not in self._source_holds:
+            self._unhold(key)
+
+    def hold(self, key: str, hold: Hold) -> None:
+        self.status.set_condition(
+            key, type_=ConditionType.HELD, true=True, reason=hold.reason, message=hold.message, warning=True
+        )
+
+    def _hold_or_fail(self, key: str, hold: Hold) -> None:
+        """A version that could not be used: held when an earlier one runs or is planned, else Failed."""
+        if self.planner.is_applied(key):
+            self.hold(key, Hold(hold.reason, f"{hold.message}; its applied version keeps running"))
+        elif self.planner.holds(key):
+            self.hold(key, Hold(hold.reason, f"{hold.message}; its last valid version is used"))
+        else:
+            self.status.set_condition(
+                key,
+                type_=ConditionType.PROVISIONED,
+                true=False,
+                reason=hold.reason,
+                message=hold.message,
+                warning=True,
+            )
+
+    def _unhold(self, key: str) -> None:
+        if _condition(self.status, key, ConditionType.HELD) == "True":
+            self.status.set_condition(
+                key,
+                type_=ConditionType.HELD,
+                true=False,
+                reason=Reason.AS_DECLARED,
+                message="the declared version is the one applied",
+            )
+
+    def report_source_holds(self, change: SourceChange) -> None:
+        for key, hold in change.held.items():
+            self._hold_or_fail(key, hold)
+        for key in set(self._source_holds) - set(change.held):
+            if not self._leaving(key) and self.planner.held_version(key) is None:
+                self._unhold(key)
+        self._source_holds = dict(change.held)
+
+    def report_validity(self, key: str, *, deleting: bool) -> None:
+        if self.source.catalogue is None:
+            why = "no provider catalogue in the manifests: nothing is reconciled until there is one"
+            self._hold_or_fail(key, Hold(Reason.MANIFEST_UNREADABLE, why))
+            return
+        if deleting:
+            if self._leaving(key):
+                return  # held by the deletion budget: reported there
+            self.status.set_deleting(key)
+            self.status.event(key, reason=Reason.DELETING, message="removing its resources")
+            return
+        error = self.planner.rejected.get(key)
+        if error is None:
+            if key not in self._source_holds:
+                self._unhold(key)
+            if _condition(self.status, key, ConditionType.STALLED) == "True":
+                self.status.set_condition(
+                    key, type_=ConditionType.STALLED, true=False, reason=Reason.INPUT_CHANGED
+                )
+            return
+        if self.planner.held_version(key) is not None:
+            self._hold_or_fail(key, Hold(error.reason, error.message))
+            return
+        self.status.set_condition(
+            key,
+            type_=ConditionType.PROVISIONED,
+            true=False,
+            reason=error.reason,
+            message=error.message,
+            warning=True,
+        )
+        # Its input is wrong: nothing retries until it changes (Stalled), and the reason says what to fix.
+        self.status.set_condition(
+            key, type_=ConditionType.STALLED, true=True, reason=error.reason, message=error.message
+        )
+
+    def queue_state(self, state: StackQueueState) -> None:
+        if state.state not in (QueueState.STALLED, QueueState.FAILED) or state.last_error is None:
+            return
+        stalled = state.state is QueueState.STALLED
+        error = state.last_error
+        for planned in self.planner.plan(state.stack).proxies:
+            self.status.set_condition(
+                planned.key,
+                # Stalled=True after N failures in a row; before that, Provisioned=False says why.
+                type_=ConditionType.STALLED if stalled else ConditionType.PROVISIONED,
+                true=stalled,
+                reason=error.reason,
+                message=error.message,
+                warning=True,
+            )
+
+
+def _condition(status: StatusBoard, key: str, type_: str) -> str | None:
+    return next((c.status for c in status.get(key).conditions if c.type == type_), None)
+
+
+def endpoint_of(
+    proxy: Proxy, *, stack: str | None, out: dict[str, Any], creds: dict[str, Any]
+) -> ProxyEndpoint:
+    """The inventory's endpoint of a proxy from where it serves (`out`: host, port, protocol) and its
+    credentials."""
+    return ProxyEndpoint(
+        key=proxy.key,
+        namespace=proxy.metadata.namespace,
+        name=proxy.metadata.name,
+        provider=proxy.spec.provider,
+        pool=proxy.spec.pool,
+        labels=dict(proxy.metadata.labels),
+        protocol=str(out.get("protocol") or proxy.spec.protocol),
+        host=str(out["host"]),
+        port=int(out["port"]),
+        username=creds.get("username"),
+        password=creds.get("password"),
+        stack=stack,
+        control=out.get("control"),  # local proxies: where lease users are pushed (docs/security.md)
+    )
