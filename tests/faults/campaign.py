@@ -60,7 +60,7 @@ class Summary:
         return "\n".join(lines)
 
 
-def engine_env(root: Path, wrapper: Path, backend: Path) -> dict[str, str]:
+def engine_env(root: Path, wrapper: Path, backend: Path, probe_url: str) -> dict[str, str]:
     home = root / "pulumi-home"
     home.mkdir(parents=True, exist_ok=True)
     return {
@@ -79,7 +79,38 @@ def engine_env(root: Path, wrapper: Path, backend: Path) -> dict[str, str]:
         "PROXY_OPERATOR_RESYNC_SECONDS": "0",
         "PROXY_OPERATOR_DELETION_BUDGET_COUNT": "2",  # a mass deletion of a small fleet passes the budget
         "PROXY_OPERATOR_KUBE_LOCK_GRACE_SECONDS": "10",
+        # As deploy/deployment.yaml does: the probe URL names the Service, the same for every replica. Left
+        # to its default (http://127.0.0.1:<this replica's port>/v1/echo), every replica has its own, the
+        # programs put it in every proxy's egress policy (a replacing input of a local proxy), and each new
+        # leader's first `up` replaced every proxy of every stack (the run of 2026-12-01: 8 of 8
+        # undeclared-destroy violations were these replacements).
+        "PROXY_OPERATOR_HEALTH_PROBE_URL": probe_url,
+        # The replicas (and the programs, providers and proxies they start) run this tree's code, not the
+        # editable install's (.venv may be another checkout's).
+        "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
     }
+
+
+class ServiceTarget:
+    """What the Service relay reaches: the leader's API port (it is the one probing), else any live replica;
+    looked up at most once a second."""
+
+    def __init__(self) -> None:
+        self.fleet: ReplicaSet | None = None
+        self._cached: tuple[float, int | None] = (0.0, None)
+
+    def __call__(self) -> int | None:
+        if self.fleet is None:
+            return None
+        at, port = self._cached
+        if time.monotonic() - at < 1.0 and port is not None:
+            return port
+        leader = self.fleet.leader()
+        live = self.fleet.live()
+        chosen = leader or (live[0] if live else None)
+        port = chosen.port if chosen is not None else None
+        self._cached = (time.monotonic(), port)
+        return port
 
 
 def kill_proxies(state: Path) -> None:
@@ -130,8 +161,13 @@ def run(root: Path, *, seed: int, sequences: int, faults_per_sequence: int, repl
         for name in (NAMESPACE, SERVICE_NAMESPACE):
             world.call("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
         world.set_catalogue(list(PROVIDERS))
+        target = ServiceTarget()
+        service = Relay(target)  # the operator's Service: the probe URL of every replica
+        stack.callback(service.close)
+        probe_url = f"http://127.0.0.1:{service.port}/v1/echo"
         fleet = ReplicaSet(api=api, root=root, kubeconfig=kubeconfig, namespace=SERVICE_NAMESPACE,
-                           watched=NAMESPACE, env=engine_env(root, wrapper, backend))  # fmt: skip
+                           watched=NAMESPACE, env=engine_env(root, wrapper, backend, probe_url))  # fmt: skip
+        target.fleet = fleet
         stack.callback(fleet.stop_all)
         for _ in range(replicas):
             fleet.start()

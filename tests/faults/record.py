@@ -87,19 +87,35 @@ def install_wrapper(folder: Path, log: Path, real: Path, python: str) -> Path:
     return wrapper
 
 
+# The CLI's global flags that take a value (`--color never up`): skipped with their value before the command.
+GLOBAL_WITH_VALUE = {"--color", "--cwd", "-C", "--tracing", "--tracing-header", "-v", "--verbose",
+                     "--profiling", "--memprofilerate", "--otel-traces"}  # fmt: skip
+
+
 def subcommand(argv: list[str]) -> list[str]:
-    """The words of argv before the first option (the CLI's command path): ["stack", "export"], ["up"]."""
-    words = []
+    """The CLI's command path: the words of argv after the leading global flags (the Automation API puts
+    `--non-interactive` first) and before the first option: ["stack", "export"], ["up"]."""
+    words: list[str] = []
+    skip_value = False
     for arg in argv:
+        if skip_value:
+            skip_value = False
+            continue
         if arg.startswith("-"):
-            break
+            if words:
+                break
+            skip_value = arg in GLOBAL_WITH_VALUE  # `--color=never` carries its own value
+            continue
         words.append(arg)
     return words
 
 
 def lock_taking(argv: list[str]) -> bool:
+    """`refresh --preview-only` is a preview (no lock taken, as for `preview`): not counted."""
     words = subcommand(argv)
     if not words:
+        return False
+    if words[0] == "refresh" and "--preview-only" in argv:
         return False
     return words[0] in LOCK_TAKING or words[0] in LOCK_TAKING_GROUPS or tuple(words[:2]) in LOCK_TAKING_PAIRS
 

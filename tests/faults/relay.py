@@ -4,6 +4,10 @@ The replicas' kubeconfig names the relay's port; TLS passes through untouched (t
 is for 127.0.0.1, whatever the port). `cut()` closes every open connection at once, both sides: each
 replica's watches and requests see the stream drop and must reconnect (new connections are accepted as
 before).
+
+The same class stands in for the operator's ClusterIP Service: `Relay(pick)` with a function that names the
+port of the replica to reach for each new connection (deploy/deployment.yaml sets the health probe URL to
+the Service, one address whatever replica leads; see `campaign.service_target`).
 """
 
 from __future__ import annotations
@@ -11,14 +15,15 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
 
 
 class Relay:
-    def __init__(self, target_port: int, host: str = "127.0.0.1") -> None:
-        self.target = (host, target_port)
+    def __init__(self, target_port: int | Callable[[], int | None], host: str = "127.0.0.1") -> None:
+        self.host, self.target_port = host, target_port
         self.server = socket.create_server((host, 0))
         self.port = self.server.getsockname()[1]
         self._lock = threading.Lock()
@@ -33,8 +38,12 @@ class Relay:
                 client, _ = self.server.accept()
             except OSError:
                 return
+            port = self.target_port() if callable(self.target_port) else self.target_port
+            if port is None:  # nobody to reach (a Service without endpoints)
+                client.close()
+                continue
             try:
-                upstream = socket.create_connection(self.target, timeout=5)
+                upstream = socket.create_connection((self.host, port), timeout=5)
                 upstream.settimeout(None)
             except OSError:
                 client.close()

@@ -10,7 +10,16 @@ import sys
 import time
 from pathlib import Path
 
-from tests.faults.record import Call, Record, install_wrapper, lock_taking, overlaps, parse, pid_alive
+from tests.faults.record import (
+    Call,
+    Record,
+    install_wrapper,
+    lock_taking,
+    overlaps,
+    parse,
+    pid_alive,
+    subcommand,
+)
 
 
 def call(
@@ -23,10 +32,21 @@ def test_lock_taking_commands() -> None:
     for argv in ("up --yes --stack s", "destroy --yes", "refresh", "cancel --yes", "stack import --file f",
                  "state delete urn", "update"):  # fmt: skip
         assert lock_taking(argv.split()), argv
+        # as the Automation API calls it: global flags first
+        assert lock_taking(["--non-interactive", *argv.split()]), argv
+        assert lock_taking(["--color", "never", "--non-interactive", *argv.split()]), argv
     reads = ("preview", "stack export --stack s", "stack output", "stack ls", "stack tag ls", "stack select",
-             "config set a b", "version", "")  # fmt: skip
+             "config set a b", "version", "", "refresh --preview-only --exec-kind auto.local")  # fmt: skip
     for argv in reads:
         assert not lock_taking(argv.split()), argv
+        assert not lock_taking(["--non-interactive", *argv.split()]), argv
+
+
+def test_the_command_path_follows_the_global_flags() -> None:
+    argv = "--non-interactive up --yes --skip-preview --parallel 16 --stack local-a".split()
+    assert subcommand(argv) == ["up"]
+    assert subcommand("--non-interactive stack output --json".split()) == ["stack", "output"]
+    assert subcommand("--cwd /x --non-interactive stack select --stack s".split()) == ["stack", "select"]
 
 
 def test_overlapping_lock_taking_calls_on_one_stack_are_flagged() -> None:
