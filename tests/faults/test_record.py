@@ -43,10 +43,13 @@ def test_lock_taking_commands() -> None:
 
 
 def test_the_command_path_follows_the_global_flags() -> None:
-    argv = "--non-interactive up --yes --skip-preview --parallel 16 --stack local-a".split()
+    argv = ["--non-interactive", "up", "--yes", "--skip-preview", "--parallel", "16", "--stack", "local-a"]
     assert subcommand(argv) == ["up"]
-    assert subcommand("--non-interactive stack output --json".split()) == ["stack", "output"]
-    assert subcommand("--cwd /x --non-interactive stack select --stack s".split()) == ["stack", "select"]
+    assert subcommand(["--non-interactive", "stack", "output", "--json"]) == ["stack", "output"]
+    assert subcommand(["--cwd", "/x", "--non-interactive", "stack", "select", "--stack", "s"]) == [
+        "stack",
+        "select",
+    ]
 
 
 def test_overlapping_lock_taking_calls_on_one_stack_are_flagged() -> None:
