@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export PULUMI_SKIP_UPDATE_CHECK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps test-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock image
+.PHONY: help install system-deps test-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock image faults
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -42,6 +42,10 @@ run: install ## provision the sample local proxies with the real engine and serv
 
 test: install test-deps kube-tools ## run the test suite (unit tests and real-engine tests)
 	$(PY) -m pytest
+
+FAULT_SEEDS ?= 1 2 3
+faults: install test-deps kube-tools ## a longer seeded fault campaign (tests/faults/README.md); FAULT_SEEDS="1 2 3"
+	$(PY) -m tests.faults.campaign $(foreach s,$(FAULT_SEEDS),--seed $(s)) --sequences 3 --faults-per-sequence 4 --replicas 3
 
 lint: venv ## ruff, formatting, the layer contracts and mypy
 	$(VENV)/bin/ruff check .

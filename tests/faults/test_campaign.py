@@ -1,0 +1,41 @@
+"""A small fixed-seed fault campaign, part of the normal suite: two `serve` replicas as processes, the real
+engine and apiserver, one sequence of three faults from the most important kinds; zero violations wanted.
+
+Its working folder is a new `faults-test-*` folder of the system's temporary folder, kept (pytest's tmp_path
+is removed once three later pytest runs of the machine have started, which lost the evidence of a failure).
+
+Known product bug that makes it fail on some runs (timing: where the SIGKILL of the leader falls in its
+`up`): killed between the local provider's spawn of a new proxy and the checkpoint of its create, the proxy
+process survives (its own session, not the replica's), the state keeps only a pending create without pid,
+the next leader creates it again, the new process cannot bind the port the orphan holds (EADDRINUSE), and
+every later `up` of that stack fails: all its Proxies end `not-ready` (Stalled). Seen 2026-12-01 (crawl/p007
+on local-a, 5 not-ready); another run of the same seed passed with zero violations. Reproduce with
+`python -m tests.faults.campaign --seed 14 --sequences 1 --faults-per-sequence 3 --replicas 2 --bound 75
+--fault kill-leader-during-up --fault sigstop-leader --fault skip-cleanup-during-deletion
+--fault mass-deletion`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TOOLS_BIN
+from tests.faults.campaign import run
+
+pytestmark = pytest.mark.engine
+
+SEED = 14
+KINDS = ["kill-leader-during-up", "sigstop-leader", "skip-cleanup-during-deletion", "mass-deletion"]
+
+
+def test_a_small_fixed_seed_campaign_finds_no_violation() -> None:
+    if not (TOOLS_BIN / "pulumi").exists():
+        pytest.fail(f"{TOOLS_BIN / 'pulumi'} is missing: run `make tools` first")
+    root = Path(tempfile.mkdtemp(prefix="faults-test-"))
+    print(f"working folder (kept): {root}")
+    summary = run(root, seed=SEED, sequences=1, faults_per_sequence=3, replicas=2, kinds=KINDS, bound=75.0)
+    print(summary.text())
+    assert summary.violations == [], summary.text()
