@@ -2,9 +2,8 @@
 
 Each replica is the real service (`build_service` with no manifests folder: Kubernetes source, leader
 election, status writer, Events, credentials Secrets, the real Pulumi engine, the health engine, the API on
-uvicorn) run as a task on the test's event loop. Replicas share one process, so they share one
-`interrupt_children` (it signals every `pulumi` child of the process): a test stops a replica only while no
-other replica runs an operation.
+uvicorn) run as a task on the test's event loop. Replicas share one process but not their terms: a replica
+that steps down signals only its own term's `pulumi` children (automation/engine/term.py).
 """
 
 from __future__ import annotations

@@ -172,3 +172,31 @@ def test_merge_patch_nulls_what_is_gone_and_keeps_what_is_equal() -> None:
     new = {"a": 1, "b": {"x": 1, "y": 3}, "c": [2]}
     assert merge_patch(old, new) == {"gone": None, "b": {"y": 3}, "c": [2]}
     assert merge_patch(new, new) == {}
+
+
+def test_a_replica_that_stepped_down_writes_nothing_and_reads_again_in_its_next_term(
+    kube_client: ApiClient, ns: str
+) -> None:
+    """The review read it: the writer kept writing after step-down (what it had queued), and its cache of
+    what it last wrote survived terms, so a status another leader wrote meanwhile was not seen."""
+    ref = create_proxy(kube_client, ns, "terms")
+    board = StatusBoard()
+    leading = [True]
+    writer = writer_for(kube_client, board, {ref.key: ref})
+    writer.leading = lambda: leading[0]
+    try:
+        applied(board, ref)
+        assert writer.wait_idle(IDLE)
+        writes = writer.writes
+        leading[0] = False  # stepped down
+        board.set_condition(ref.key, type_=ConditionType.HEALTHY, true=False, reason=Reason.PROBE_FAILED)
+        assert writer.wait_idle(IDLE)
+        assert writer.writes == writes, "a follower wrote a status"
+        assert read_proxy(kube_client, ref)["status"]["phase"] == "Ready"
+
+        leading[0] = True  # a later term: the board still says Degraded, the object says Ready
+        writer.begin_term()
+        assert writer.wait_idle(IDLE)
+        assert read_proxy(kube_client, ref)["status"]["phase"] == "Degraded"
+    finally:
+        writer.close()
