@@ -27,10 +27,11 @@ from tests.ports import free_port
 
 CLI = textwrap.dedent(
     """
-    import signal, sys, time
+    import os, signal, sys, time
     marker = sys.argv[1]
     def interrupted(signum, frame):
-        open(marker, "w").write("SIGINT")
+        open(marker + ".tmp", "w").write("SIGINT")
+        os.rename(marker + ".tmp", marker)  # whole or not at all: the test reads it as soon as it exists
         sys.exit(130)
     signal.signal(signal.SIGINT, interrupted)
     open(marker + ".started", "w").write("")
