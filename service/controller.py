@@ -26,7 +26,7 @@ from automation.reconciler import Reconciler
 from service.config import OperatorSettings
 from service.deletions import Allowances, DeletionGate
 from service.inventory import Inventory, ProxyEndpoint
-from service.reporter import Reporter, endpoint_of
+from service.reporter import Reporter
 from service.sources.contract import Hold, Source
 from service.status import StatusBoard
 from stacks.models import Proxy
@@ -142,7 +142,7 @@ class Controller:
                     log.error("stack %s: %s", name, exc.message, extra={"fields": {"stack": name}})
                     continue
                 self.source.track(applied)
-                self._publish_applied(name, applied)
+                self.reporter.publish_applied(name, applied, self.reconciler.applied_outputs(name))
                 if self.reconciler.drift_check_due(name):
                     self._last_repair[name] = self._monotonic()  # its first run checks it already
         except ProxyOperatorError as exc:
@@ -306,18 +306,6 @@ class Controller:
             tuple(p.key for p in plan.forget),
             forced,
         )
-
-    def _publish_applied(self, name: str, applied: list[Proxy]) -> None:
-        """What a stack's outputs say runs is known (and served once probes pass) before any run: a fault
-        that blocks every run, such as a missing catalogue, must not take running proxies out of discovery."""
-        outputs = self.reconciler.applied_outputs(name)
-        published = outputs.get("proxies") or {}
-        credentials = outputs.get("credentials") or {}
-        for proxy in applied:
-            out = published.get(proxy.key)
-            if out and out.get("host") and self.inventory.get(proxy.key) is None:
-                creds = credentials.get(proxy.key) or {}
-                self.reporter.publish(endpoint_of(proxy, stack=name, out=out, creds=creds))
 
     # --- deletions --------------------------------------------------------------------------------------
 

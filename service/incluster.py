@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from automation.deletion_budget import DeletionBudget, HeldDeletion
 from automation.engine import Engine, Term
 from service.config import OperatorSettings
-from service.controller import Controller, endpoint_of
+from service.controller import Controller
 from service.deletions import Allowances
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter
@@ -37,6 +37,7 @@ from service.kube.refs import ProxyRef
 from service.kube.settings import KubeSettings
 from service.kube.status_writer import StatusWriter
 from service.pools.signals import PoolSignals
+from service.reporter import endpoint_of
 from service.sources.kubernetes import KubernetesSource
 from service.status import Event, StatusBoard
 from stacks.models import Condition, Proxy

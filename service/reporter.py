@@ -90,6 +90,17 @@ class Reporter:
                 "stack %s applied: %s", plan.name, result.changes, extra={"fields": {"stack": plan.name}}
             )
 
+    def publish_applied(self, name: str, applied: list[Proxy], outputs: dict[str, Any]) -> None:
+        """What a stack's outputs say runs is known (and served once probes pass) before any run: a fault
+        that blocks every run, such as a missing catalogue, must not take running proxies out of discovery."""
+        published = outputs.get("proxies") or {}
+        credentials = outputs.get("credentials") or {}
+        for proxy in applied:
+            out = published.get(proxy.key)
+            if out and out.get("host") and self.inventory.get(proxy.key) is None:
+                creds = credentials.get(proxy.key) or {}
+                self.publish(endpoint_of(proxy, stack=name, out=out, creds=creds))
+
     def publish(self, endpoint: ProxyEndpoint) -> None:
         self.inventory.upsert(endpoint)
         if self._on_publish is not None:
