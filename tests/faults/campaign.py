@@ -78,7 +78,6 @@ def engine_env(root: Path, wrapper: Path, backend: Path, probe_url: str) -> dict
         "PROXY_OPERATOR_BACKOFF_CAP_SECONDS": "3",
         "PROXY_OPERATOR_RESYNC_SECONDS": "0",
         "PROXY_OPERATOR_DELETION_BUDGET_COUNT": "2",  # a mass deletion of a small fleet passes the budget
-        "PROXY_OPERATOR_KUBE_LOCK_GRACE_SECONDS": "10",
         # As deploy/deployment.yaml does: the probe URL names the Service, the same for every replica. Left
         # to its default (http://127.0.0.1:<this replica's port>/v1/echo), every replica has its own, the
         # programs put it in every proxy's egress policy (a replacing input of a local proxy), and each new

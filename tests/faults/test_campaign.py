@@ -4,15 +4,12 @@ engine and apiserver, one sequence of three faults from the most important kinds
 Its working folder is a new `faults-test-*` folder of the system's temporary folder, kept (pytest's tmp_path
 is removed once three later pytest runs of the machine have started, which lost the evidence of a failure).
 
-Known product bug that makes it fail on some runs (timing: where the SIGKILL of the leader falls in its
-`up`): killed between the local provider's spawn of a new proxy and the checkpoint of its create, the proxy
-process survives (its own session, not the replica's), the state keeps only a pending create without pid,
-the next leader creates it again, the new process cannot bind the port the orphan holds (EADDRINUSE), and
-every later `up` of that stack fails: all its Proxies end `not-ready` (Stalled). Seen 2026-12-01 (crawl/p007
-on local-a, 5 not-ready); another run of the same seed passed with zero violations. Reproduce with
-`python -m tests.faults.campaign --seed 14 --sequences 1 --faults-per-sequence 3 --replicas 2 --bound 75
---fault kill-leader-during-up --fault sigstop-leader --fault skip-cleanup-during-deletion
---fault mass-deletion`.
+Found by it and fixed (stacks/programs/local.py, `.starting`): killed between the local provider's spawn of a
+new proxy and the checkpoint of its create, the proxy process survived (its own session), the state kept only
+a pending create without pid, and every later create of it failed with EADDRINUSE (its stack stuck, its
+Proxies `not-ready`). Reproduce a run with `python -m tests.faults.campaign --seed 14 --sequences 1
+--faults-per-sequence 3 --replicas 2 --bound 75 --fault kill-leader-during-up --fault sigstop-leader
+--fault skip-cleanup-during-deletion --fault mass-deletion`.
 """
 
 from __future__ import annotations
