@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import socket
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -68,7 +69,10 @@ class ClusterMode:
         self.settings, self.kube, self.api, self.inventory = settings, kube, api, inventory
         config = dataclasses.replace(
             settings.engine_config(),
-            hostname=kube.identity,  # stack locks name the replica, so another can tell it is gone
+            # Stack locks record the machine's host name (what the CLI writes), not the identity: in a pod the
+            # two are the pod's name; where they differ (replicas sharing a host), a lock of this host is
+            # judged by its pid, never taken for another replica's (the fault campaign's finding).
+            hostname=socket.gethostname(),
             foreign_lock_gone=functools.partial(lease_holder_gone, api, kube),
             fenced=True,  # operations only inside a leadership term; reads anywhere
         )

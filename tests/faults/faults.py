@@ -83,7 +83,12 @@ def mass_deletion(ctx: Context) -> str:
     live = [t for t in ctx.world.live() if t.pid is not None and not t.skip_cleanup]
     count = max(1, round(len(live) * 0.6))
     chosen = ctx.rng.sample(live, min(count, len(live)))
-    mass = MassDeletion(number=len(ctx.world.masses), names=[t.name for t in chosen], started=time.time())
+    mass = MassDeletion(
+        number=len(ctx.world.masses),
+        names=[t.name for t in chosen],
+        started=time.time(),
+        fleet=sum(1 for t in ctx.world.live() if t.pid is not None),  # as the service counts: all running
+    )
     ctx.world.masses.append(mass)
     spread = ctx.rng.uniform(1.0, 4.0)
     for tracked in chosen:

@@ -28,6 +28,10 @@ from tests.faults.world import World, listeners
 HOLD_WINDOW = 8.0  # seconds after a mass deletion during which the campaign does not allow it
 
 
+# As the campaign's replicas are configured (campaign.py): PROXY_OPERATOR_DELETION_BUDGET_COUNT=2, share 0.5.
+BUDGET_COUNT, BUDGET_SHARE = 2, 0.5
+
+
 class Watcher:
     """Every 0.5 s: baselines and undeclared destroys, early releases, budget bypasses, replica exits; and,
     as the operator on call, allowing held deletions (after the hold window of a mass deletion)."""
@@ -80,10 +84,14 @@ class Watcher:
                                        f"{tracked.port}", tracked)  # fmt: skip
             mass = self.world.masses[tracked.mass] if tracked.mass is not None else None
             if mass is not None and mass.allowed is None and tracked.pid is not None and pid is None:
-                self.world.violate("budget-bypassed",
-                                   f"{tracked.name} destroyed {now - mass.started:.1f} s into mass deletion "
-                                   f"#{mass.number} ({len(mass.names)} of the fleet) before any allowance",
-                                   tracked)  # fmt: skip
+                mass.removed_unallowed.add(tracked.name)
+                free = mass.free(count=BUDGET_COUNT, share=BUDGET_SHARE)
+                if len(mass.removed_unallowed) > free:
+                    self.world.violate("budget-bypassed",
+                                       f"{tracked.name} destroyed {now - mass.started:.1f} s into mass "
+                                       f"deletion #{mass.number} ({len(mass.names)} of {mass.fleet}): "
+                                       f"{len(mass.removed_unallowed)} removed before any allowance, the "
+                                       f"budget lets {free} go", tracked)  # fmt: skip
         self.allow_held()
         self.check_overlaps()
         for replica in self.replicas.replicas:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 WRAPPER = r"""#!{python}
-import ctypes, json, os, signal, subprocess, sys, time
+import ctypes, json, os, signal, subprocess, sys, threading, time
 REAL, LOG = {real!r}, {log!r}
 
 
@@ -54,7 +54,20 @@ argv = sys.argv[1:]
 write({{"event": "start", "time": time.time(), "pid": os.getpid(), "argv": argv, "cwd": os.getcwd(),
        "stack": stack_of(argv), "replica": os.environ.get("PROXY_OPERATOR_KUBE_IDENTITY"),
        "term": os.environ.get("PROXY_OPERATOR_TERM")}})
-child = subprocess.Popen([REAL, *argv], preexec_fn=die_with_wrapper)
+child = subprocess.Popen([REAL, *argv], preexec_fn=die_with_wrapper, stderr=subprocess.PIPE)
+locked = []
+
+
+def tee():  # stderr passed on as it comes; a refusal for a held lock is noted (it took no lock)
+    for line in child.stderr:
+        sys.stderr.buffer.write(line)
+        sys.stderr.buffer.flush()
+        if b"currently locked" in line:
+            locked.append(True)
+
+
+reader = threading.Thread(target=tee, daemon=True)
+reader.start()
 for number in (signal.SIGINT, signal.SIGTERM):
     signal.signal(number, lambda signum, _frame: child.send_signal(signum))
 while True:
@@ -63,7 +76,9 @@ while True:
         break
     except InterruptedError:
         continue
-write({{"event": "end", "time": time.time(), "pid": os.getpid(), "rc": rc}})
+reader.join(5)
+refused = bool(locked) and rc != 0
+write({{"event": "end", "time": time.time(), "pid": os.getpid(), "rc": rc, "locked_out": refused}})
 sys.exit(rc if rc >= 0 else 128 - rc)
 """
 
@@ -134,6 +149,7 @@ class Call:
     end: float | None = None
     rc: int | None = None
     ended_by: str = ""  # "line" or "monitor" (no end line: the wrapper was killed)
+    locked_out: bool = False  # failed on the stack's lock held by another call: it took no lock
 
     @property
     def command(self) -> str:
@@ -167,6 +183,7 @@ def parse(lines: Iterable[str], closed: dict[tuple[int, float], float] | None = 
         elif entry.get("event") == "end" and pid in open_by_pid:
             call = open_by_pid.pop(pid)
             call.end, call.rc, call.ended_by = float(entry["time"]), entry.get("rc"), "line"
+            call.locked_out = bool(entry.get("locked_out"))
     for pid, call in open_by_pid.items():
         if closed and (pid, call.start) in closed:
             call.end, call.ended_by = closed[(pid, call.start)], "monitor"
@@ -187,7 +204,7 @@ def overlaps(calls: list[Call], *, now: float | None = None) -> list[Overlap]:
     now = time.time() if now is None else now
     by_stack: dict[str, list[Call]] = {}
     for call in calls:
-        if lock_taking(call.argv):
+        if lock_taking(call.argv) and not call.locked_out:  # refused at the lock: it never held it
             by_stack.setdefault(call.stack, []).append(call)
     found = []
     for stack_calls in by_stack.values():

@@ -61,6 +61,17 @@ def test_overlapping_lock_taking_calls_on_one_stack_are_flagged() -> None:
     assert "r2" in found[0].describe()
 
 
+def test_a_call_refused_at_the_lock_took_no_lock() -> None:
+    """A new leader's `up` that fails on the lock the frozen one holds never held it: no overlap; one that
+    held it (not refused) is one."""
+    frozen = call(10, 100.0, 130.0, "up --yes", replica="r1")
+    refused = call(20, 110.0, 111.0, "up --yes", replica="r2")
+    refused.locked_out = True
+    assert overlaps([frozen, refused], now=200.0) == []
+    refused.locked_out = False
+    assert len(overlaps([frozen, refused], now=200.0)) == 1
+
+
 def test_a_call_still_running_overlaps_a_later_one() -> None:
     killed = call(10, 100.0, None, "up --yes")
     later = call(20, 150.0, 160.0, "refresh --yes")

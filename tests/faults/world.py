@@ -64,7 +64,14 @@ class MassDeletion:
     number: int
     names: list[str]
     started: float
+    fleet: int = 0  # proxies whose removal counts (running, not skip-cleanup) when it started
     allowed: float | None = None
+    removed_unallowed: set[str] = field(default_factory=set)
+
+    def free(self, *, count: int, share: float) -> int:
+        """How many of its removals the budget lets go without an allowance: up to `count`, or up to
+        `share` of the fleet, whichever is more (service/deletions.py judges them over one window)."""
+        return max(count, int(share * self.fleet))
 
 
 @dataclass
