@@ -149,11 +149,11 @@ def run(root: Path, *, seed: int, sequences: int, faults_per_sequence: int, repl
         kubeconfig = relay.kubeconfig(kube.kubeconfig, root / "relay-kubeconfig")
         wrapper = install_wrapper(root / "pulumi-wrapper", calls, ROOT / ".tools" / "bin" / "pulumi",
                                   sys.executable)  # fmt: skip
-        record = Record(calls)
-        record.start()
-        stack.callback(record.stop)
         backend = root / "backend"
         backend.mkdir(exist_ok=True)
+        record = Record(calls, locks=backend / ".pulumi" / "locks")  # who really held each stack's lock
+        record.start()
+        stack.callback(record.stop)
         world = World(api, namespace=NAMESPACE, service_namespace=SERVICE_NAMESPACE,
                       state=root / "local-proxies", backend_dir=backend)  # fmt: skip
         stack.callback(kill_proxies, world.local_state)
@@ -194,7 +194,8 @@ def run(root: Path, *, seed: int, sequences: int, faults_per_sequence: int, repl
             settle(world, fleet, bound=bound)
             strays(world, fleet)
             world.note(f"sequence {sequence} done: {len(world.violations)} violation(s) so far")
-        watcher.tick()  # the last overlaps
+        watcher.final = True
+        watcher.tick()  # the last overlaps, running calls included
         summary.faults, summary.violations = world.faults, world.violations
     summary.seconds = time.monotonic() - started
     return summary

@@ -150,6 +150,7 @@ class Call:
     rc: int | None = None
     ended_by: str = ""  # "line" or "monitor" (no end line: the wrapper was killed)
     locked_out: bool = False  # failed on the stack's lock held by another call: it took no lock
+    held_lock: bool | None = None  # seen holding its stack's lock file (None: no lock sampling)
 
     @property
     def command(self) -> str:
@@ -163,9 +164,13 @@ class Call:
         )
 
 
-def parse(lines: Iterable[str], closed: dict[tuple[int, float], float] | None = None) -> list[Call]:
+def parse(
+    lines: Iterable[str],
+    closed: dict[tuple[int, float], float] | None = None,
+    holders: set[int] | None = None,
+) -> list[Call]:
     """The calls of a log's lines; `closed` ((pid, start) -> time) ends the calls the monitor saw die
-    without an end line."""
+    without an end line; `holders`: the wrapper pids seen holding a lock file (None: not sampled)."""
     calls: list[Call] = []
     open_by_pid: dict[int, Call] = {}
     for text in lines:
@@ -187,6 +192,9 @@ def parse(lines: Iterable[str], closed: dict[tuple[int, float], float] | None = 
     for pid, call in open_by_pid.items():
         if closed and (pid, call.start) in closed:
             call.end, call.ended_by = closed[(pid, call.start)], "monitor"
+    if holders is not None:
+        for call in calls:
+            call.held_lock = call.pid in holders
     return calls
 
 
@@ -200,12 +208,20 @@ class Overlap:
 
 
 def overlaps(calls: list[Call], *, now: float | None = None) -> list[Overlap]:
-    """Pairs of lock-taking calls on one stack whose [start, end] intersect (a running call ends `now`)."""
+    """Pairs of lock-taking calls on one stack whose [start, end] intersect (a running call ends `now`).
+
+    With lock sampling, an `up`/`destroy`/`refresh`/... counts only if it was seen holding its stack's lock
+    (an `up` of a new leader may start while a frozen one runs and be refused at the lock, or a frozen one
+    that never took the lock may be interrupted after the new one ran: neither wrote); a `cancel` always
+    counts (it removes the lock of whatever holds it)."""
     now = time.time() if now is None else now
     by_stack: dict[str, list[Call]] = {}
     for call in calls:
-        if lock_taking(call.argv) and not call.locked_out:  # refused at the lock: it never held it
-            by_stack.setdefault(call.stack, []).append(call)
+        if not lock_taking(call.argv) or call.locked_out:  # refused at the lock: it never held it
+            continue
+        if call.held_lock is False and subcommand(call.argv)[:1] != ["cancel"]:
+            continue
+        by_stack.setdefault(call.stack, []).append(call)
     found = []
     for stack_calls in by_stack.values():
         stack_calls.sort(key=lambda c: c.start)
@@ -216,6 +232,25 @@ def overlaps(calls: list[Call], *, now: float | None = None) -> list[Overlap]:
                     break
                 found.append(Overlap(first, second))
     return found
+
+
+def lock_pids(locks: Path) -> set[int]:
+    """The pids recorded in the lock files of a self-managed backend (`.pulumi/locks/**/<id>.json`)."""
+    found = set()
+    for lock in locks.rglob("*.json") if locks.exists() else ():
+        try:
+            found.add(int(json.loads(lock.read_text())["pid"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or just released
+    return found
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
 
 
 def pid_alive(pid: int) -> bool:
@@ -230,8 +265,10 @@ def pid_alive(pid: int) -> bool:
 class Record:
     """The shared log plus the monitor's closings; `calls()` parses it afresh."""
 
-    def __init__(self, log: Path) -> None:
+    def __init__(self, log: Path, locks: Path | None = None) -> None:
         self.log = log
+        self.locks = locks  # the backend's `.pulumi/locks` folder, sampled every 50 ms (None: not sampled)
+        self.holders: set[int] = set()  # wrapper pids whose CLI was seen holding a lock file
         self.closed: dict[tuple[int, float], float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -240,7 +277,8 @@ class Record:
     def calls(self) -> list[Call]:
         with self._lock:
             closed = dict(self.closed)
-        return parse(self.log.read_text(errors="replace").splitlines(), closed)
+            holders = set(self.holders) if self.locks is not None else None
+        return parse(self.log.read_text(errors="replace").splitlines(), closed, holders)
 
     def running(self, command: str | None = None, replica: str | None = None) -> list[Call]:
         return [
@@ -254,6 +292,16 @@ class Record:
     def start(self) -> None:
         self._thread.start()
 
+    def _sample_locks(self) -> None:
+        """The CLI holding a lock is the wrapper's child: its parent is the recorded pid."""
+        if self.locks is None:
+            return
+        for pid in lock_pids(self.locks):
+            parent = parent_of(pid)
+            if parent is not None:
+                with self._lock:
+                    self.holders.add(parent)
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
@@ -261,6 +309,7 @@ class Record:
     def _monitor(self) -> None:
         """Every 50 ms: a started call without an end line whose pid is gone ends now."""
         while not self._stop.wait(0.05):
+            self._sample_locks()
             gone = {(c.pid, c.start) for c in self.calls() if c.end is None and not pid_alive(c.pid)}
             if not gone:
                 continue

@@ -72,6 +72,20 @@ def test_a_call_refused_at_the_lock_took_no_lock() -> None:
     assert len(overlaps([frozen, refused], now=200.0)) == 1
 
 
+def test_with_lock_sampling_only_holders_and_cancels_count() -> None:
+    """A frozen `up` that never took the lock (interrupted after the new leader's ran) wrote nothing; a
+    cancel while another holds the lock always counts."""
+    frozen = call(10, 100.0, 130.0, "up --yes", replica="r1")
+    holder = call(20, 110.0, 120.0, "up --yes", replica="r2")
+    frozen.held_lock, holder.held_lock = False, True
+    assert overlaps([frozen, holder], now=200.0) == []
+    frozen.held_lock = True
+    assert len(overlaps([frozen, holder], now=200.0)) == 1
+    cancel = call(30, 105.0, 105.5, "cancel --yes", replica="r2")
+    cancel.held_lock = False
+    assert len(overlaps([frozen, cancel], now=200.0)) == 1
+
+
 def test_a_call_still_running_overlaps_a_later_one() -> None:
     killed = call(10, 100.0, None, "up --yes")
     later = call(20, 150.0, 160.0, "refresh --yes")
