@@ -25,6 +25,7 @@ from collections.abc import Callable
 from kubernetes.client import ApiClient
 
 from automation.errors import TransientError
+from service.kube.client import ApiException
 from service.kube.lease import API_ERRORS, LeaseRecord, read_lease, utcnow, write_lease
 from service.kube.settings import KubeSettings
 
@@ -65,6 +66,7 @@ class OperationsHeartbeat:
         self._busy = busy
         self._on_renewed = on_renewed
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
         self._renewed: float | None = None  # monotonic time of the last renewal sent
         self._stop = threading.Event()
         self._keeper: threading.Thread | None = None
@@ -120,26 +122,39 @@ class OperationsHeartbeat:
                 log.warning("%s: its operations stop when what the last renewal covers ends", exc)
 
     def _renew(self, *, holder: str | None) -> None:
+        """Read and write at the read resourceVersion; the keeper and an operation's `ensure` may renew at
+        the same moment (serialised here), and a 409 (changed since read) reads again."""
+        with self._write_lock:
+            for attempt in range(3):
+                try:
+                    self._write(holder)
+                    return
+                except ApiException as exc:
+                    if exc.status != 409 or attempt == 2:
+                        raise self._error(exc) from exc
+                except API_ERRORS as exc:
+                    raise self._error(exc) from exc
+
+    def _error(self, exc: BaseException) -> HeartbeatError:
+        namespace = self.settings.own_namespace()
+        return HeartbeatError(f"cannot write the operations heartbeat {namespace}/{self.name}: {exc}")
+
+    def _write(self, holder: str | None) -> None:
         namespace, timeout = self.settings.own_namespace(), self.settings.retry_period_seconds
         sent = time.monotonic()
-        try:
-            current = read_lease(self.api, namespace=namespace, name=self.name, timeout=timeout)
-            now = utcnow()
-            if holder is None:
-                if current is None:
-                    return
-                record = current.record.released(now)
-            elif current is None:
-                record = LeaseRecord.first(holder, now=now, duration=self.duration)
-            else:
-                record = current.record.taken_by(holder, now=now, duration=self.duration)
-            write_lease(
-                self.api, namespace=namespace, name=self.name, current=current, record=record, timeout=timeout
-            )
-        except API_ERRORS as exc:
-            raise HeartbeatError(
-                f"cannot write the operations heartbeat {namespace}/{self.name}: {exc}"
-            ) from exc
+        current = read_lease(self.api, namespace=namespace, name=self.name, timeout=timeout)
+        now = utcnow()
+        if holder is None:
+            if current is None:
+                return
+            record = current.record.released(now)
+        elif current is None:
+            record = LeaseRecord.first(holder, now=now, duration=self.duration)
+        else:
+            record = current.record.taken_by(holder, now=now, duration=self.duration)
+        write_lease(
+            self.api, namespace=namespace, name=self.name, current=current, record=record, timeout=timeout
+        )
         if holder is not None:
             self._renewed = sent
             self._on_renewed()

@@ -87,7 +87,8 @@ def mass_deletion(ctx: Context) -> str:
         number=len(ctx.world.masses),
         names=[t.name for t in chosen],
         started=time.time(),
-        fleet=sum(1 for t in ctx.world.live() if t.pid is not None),  # as the service counts: all running
+        # As the service counts its fleet: every proxy a stack holds or a planned `up` adds, deleting or not.
+        fleet=sum(1 for t in ctx.world.proxies.values() if t.port is not None and t.gone is None),
     )
     ctx.world.masses.append(mass)
     spread = ctx.rng.uniform(1.0, 4.0)
