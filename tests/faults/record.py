@@ -151,6 +151,7 @@ class Call:
     ended_by: str = ""  # "line" or "monitor" (no end line: the wrapper was killed)
     locked_out: bool = False  # failed on the stack's lock held by another call: it took no lock
     held_lock: bool | None = None  # seen holding its stack's lock file (None: no lock sampling)
+    held: tuple[float, float] | None = None  # when its lock file was first and last seen (sampled)
 
     @property
     def command(self) -> str:
@@ -167,7 +168,7 @@ class Call:
 def parse(
     lines: Iterable[str],
     closed: dict[tuple[int, float], float] | None = None,
-    holders: set[int] | None = None,
+    holders: dict[int, tuple[float, float]] | None = None,
 ) -> list[Call]:
     """The calls of a log's lines; `closed` ((pid, start) -> time) ends the calls the monitor saw die
     without an end line; `holders`: the wrapper pids seen holding a lock file (None: not sampled)."""
@@ -195,6 +196,7 @@ def parse(
     if holders is not None:
         for call in calls:
             call.held_lock = call.pid in holders
+            call.held = holders.get(call.pid)
     return calls
 
 
@@ -226,12 +228,25 @@ def overlaps(calls: list[Call], *, now: float | None = None) -> list[Overlap]:
     for stack_calls in by_stack.values():
         stack_calls.sort(key=lambda c: c.start)
         for i, first in enumerate(stack_calls):
-            first_end = first.end if first.end is not None else now
             for second in stack_calls[i + 1 :]:
-                if second.start > first_end:
-                    break
-                found.append(Overlap(first, second))
+                if _span(second, now)[0] > _span(first, now)[1] + SAMPLE:
+                    continue
+                a, b = _span(first, now), _span(second, now)
+                if a[0] <= b[1] + SAMPLE and b[0] <= a[1] + SAMPLE:
+                    found.append(Overlap(first, second))
     return found
+
+
+SAMPLE = 0.1  # the lock files are sampled every 50 ms: held spans are widened by this much
+
+
+def _span(call: Call, now: float) -> tuple[float, float]:
+    """When the call held its stack: the sampled span of its lock file when known (the CLI releases the
+    lock before it exits: an `up` ending while the next one has taken the lock is no overlap), else its
+    whole life."""
+    if call.held is not None:
+        return call.held
+    return call.start, call.end if call.end is not None else now
 
 
 def lock_pids(locks: Path) -> set[int]:
@@ -268,7 +283,7 @@ class Record:
     def __init__(self, log: Path, locks: Path | None = None) -> None:
         self.log = log
         self.locks = locks  # the backend's `.pulumi/locks` folder, sampled every 50 ms (None: not sampled)
-        self.holders: set[int] = set()  # wrapper pids whose CLI was seen holding a lock file
+        self.holders: dict[int, tuple[float, float]] = {}  # wrapper pid -> its lock file first/last seen
         self.closed: dict[tuple[int, float], float] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -277,7 +292,7 @@ class Record:
     def calls(self) -> list[Call]:
         with self._lock:
             closed = dict(self.closed)
-            holders = set(self.holders) if self.locks is not None else None
+            holders = dict(self.holders) if self.locks is not None else None
         return parse(self.log.read_text(errors="replace").splitlines(), closed, holders)
 
     def running(self, command: str | None = None, replica: str | None = None) -> list[Call]:
@@ -296,11 +311,13 @@ class Record:
         """The CLI holding a lock is the wrapper's child: its parent is the recorded pid."""
         if self.locks is None:
             return
+        seen = time.time()
         for pid in lock_pids(self.locks):
             parent = parent_of(pid)
             if parent is not None:
                 with self._lock:
-                    self.holders.add(parent)
+                    first, _ = self.holders.get(parent, (seen, seen))
+                    self.holders[parent] = (first, seen)
 
     def stop(self) -> None:
         self._stop.set()
