@@ -14,7 +14,8 @@ lock; SIGKILL after GRACE seconds) when:
 
 SIGINT and SIGTERM sent to the watchdog are passed on to the CLI; the CLI gets PR_SET_PDEATHSIG(SIGKILL),
 so killing the watchdog kills it too. The exit status is the CLI's. This file imports nothing of the
-project (it starts with `-S -E`, in about 20 ms) and is started only by `automation.engine.command`.
+project (it starts with `-S -E`: 45 ms per call measured beside a CI run) and is started only by
+`automation.engine.command`.
 """
 
 from __future__ import annotations
