@@ -31,7 +31,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from automation.errors import TransientError
 
@@ -71,7 +71,6 @@ class Child:
     process: subprocess.Popen[str]
     args: list[str]
     keepalive: int  # the write end of the watchdog's pipe
-    started: float = field(default_factory=time.monotonic)
 
 
 class Term:
@@ -115,10 +114,6 @@ class Term:
         """Any child running (an operation or a read)?"""
         with self._lock:
             return bool(self._children)
-
-    def operations_running(self) -> int:
-        with self._lock:
-            return sum(1 for child in self._children.values() if is_operation(child.args))
 
     def extend(self, until: float) -> None:
         """The term is good until `until` (monotonic): told to every running child's watchdog."""
