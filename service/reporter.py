@@ -187,14 +187,12 @@ class Reporter:
         elif self.planner.holds(key):
             self.hold(key, Hold(hold.reason, f"{hold.message}; its last valid version is used"))
         else:
-            self.status.set_condition(
-                key,
-                type_=ConditionType.PROVISIONED,
-                true=False,
-                reason=hold.reason,
-                message=hold.message,
-                warning=True,
-            )
+            self._not_provisioned(key, reason=hold.reason, message=hold.message)
+
+    def _not_provisioned(self, key: str, *, reason: str, message: str) -> None:
+        self.status.set_condition(
+            key, type_=ConditionType.PROVISIONED, true=False, reason=reason, message=message, warning=True
+        )
 
     def _unhold(self, key: str) -> None:
         if _condition(self.status, key, ConditionType.HELD) == "True":
@@ -237,14 +235,7 @@ class Reporter:
         if self.planner.held_version(key) is not None:
             self._hold_or_fail(key, Hold(error.reason, error.message))
             return
-        self.status.set_condition(
-            key,
-            type_=ConditionType.PROVISIONED,
-            true=False,
-            reason=error.reason,
-            message=error.message,
-            warning=True,
-        )
+        self._not_provisioned(key, reason=error.reason, message=error.message)
         # Its input is wrong: nothing retries until it changes (Stalled), and the reason says what to fix.
         self.status.set_condition(
             key, type_=ConditionType.STALLED, true=True, reason=error.reason, message=error.message
