@@ -27,11 +27,17 @@ class Scope(StrEnum):
 
 
 class TokenEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$", description="The client's name.")
     scopes: frozenset[Scope]
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex SHA-256 of the token: `hash_token(t)`.")
+    lease_share: float | None = Field(
+        None, alias="leaseShare", gt=0, le=1, description="This client's lease_share (else the server's)."
+    )
+    lease_rate: float | None = Field(
+        None, alias="leaseRate", gt=0, le=100_000, description="This client's lease_rate (else the server's)."
+    )
 
 
 _ENTRIES = TypeAdapter(list[TokenEntry])
@@ -42,6 +48,8 @@ log = logging.getLogger(__name__)
 class Client:
     name: str
     scopes: frozenset[Scope]
+    lease_share: float | None = None  # None: the server's discovery settings decide
+    lease_rate: float | None = None
 
 
 class TokenFileError(ValueError):
@@ -93,7 +101,13 @@ class TokenAuthenticator:
 
     def _set_entries(self, entries: list[TokenEntry]) -> None:
         # What each check needs, made once per load rather than per request.
-        self._entries = [(e.sha256.encode(), Client(name=e.name, scopes=e.scopes)) for e in entries]
+        self._entries = [
+            (
+                e.sha256.encode(),
+                Client(name=e.name, scopes=e.scopes, lease_share=e.lease_share, lease_rate=e.lease_rate),
+            )
+            for e in entries
+        ]
 
     def _maybe_reload(self) -> None:
         if self._path is None:

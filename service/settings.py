@@ -79,6 +79,25 @@ class DiscoverySettings(BaseSettings):
         "send a body at all (else 401, before any of it is read).",
     )
 
+    lease_share: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="A client holds leases on at most this share of the proxies its request matches (at "
+        "least one; a proxy it holds for another target counts once); past it 429 lease_share. A token's "
+        "own `leaseShare` overrides it.",
+    )
+    lease_rate: float = Field(
+        50.0,
+        gt=0,
+        le=100_000,
+        description="Leases one client may take per second, every pool counted (a token bucket of "
+        "lease_burst); past it 429 lease_rate. A token's own `leaseRate` overrides it.",
+    )
+    lease_burst: int = Field(
+        200, ge=1, le=100_000, description="How many leases above lease_rate one client may take at once."
+    )
+
     lease_scoped_credentials: bool = Field(
         True,
         description="A lease on a proxy that can add users at run time (local) gets a user of its own, "

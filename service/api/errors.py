@@ -15,11 +15,14 @@ from service.api.middleware import request_id_of
 from service.discovery.errors import (
     DiscoveryError,
     InvalidRequest,
+    LeaseLimited,
     LeaseNotFound,
+    LeaseRequired,
     NoProxyAvailable,
     NotALeaseholder,
     ProxyNotFound,
     SessionLost,
+    TargetNotLeased,
     TooManyReports,
 )
 
@@ -47,6 +50,9 @@ _DISCOVERY_STATUS: dict[type[DiscoveryError], int] = {
     InvalidRequest: 422,
     NotALeaseholder: 403,
     TooManyReports: 429,
+    LeaseLimited: 429,
+    LeaseRequired: 422,
+    TargetNotLeased: 409,
 }
 
 
@@ -95,7 +101,7 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 async def _discovery_error(request: Request, exc: DiscoveryError) -> JSONResponse:
     status = _DISCOVERY_STATUS.get(type(exc), 400)
     headers = None
-    if isinstance(exc, NoProxyAvailable | TooManyReports):
+    if isinstance(exc, NoProxyAvailable | TooManyReports | LeaseLimited):
         headers = {"Retry-After": retry_after(exc.retry_after)}
     return error_response(request, status=status, reason=exc.reason, detail=str(exc), headers=headers)
 

@@ -131,15 +131,17 @@ class RenewResponse(_Out):
 
 
 class ReportBody(_In):
-    lease: str | None = Field(None, min_length=1, max_length=128, description="The lease id (preferred).")
+    lease: str | None = Field(
+        None, min_length=1, max_length=128, description="The lease id (required for `banned` and `ok`)."
+    )
     proxy: str | None = Field(
-        None, min_length=3, max_length=507, description="Or the proxy key namespace/name."
+        None, min_length=3, max_length=507, description="Or, for `error` only, the proxy key namespace/name."
     )
     target: str | None = Field(
         None,
         max_length=253,
         pattern=TARGET_PATTERN,
-        description=f"Defaults to the lease's target: {TARGET_HELP}.",
+        description=f"The lease's target, which it is by default; another is refused (409): {TARGET_HELP}.",
     )
     outcome: Literal["ok", "banned", "error"]
     status_code: int | None = Field(None, ge=100, le=599, description="The HTTP status the target answered.")
@@ -159,8 +161,8 @@ class ReportBody(_In):
 EFFECT_HELP = (
     "What the report did: `penalised` (banned), `strikes_reset` (ok, no penalty running), `penalty_runs` "
     "(ok, but a running penalty is never lifted by a report), `counted` (error, counted against health), "
-    "`awaiting_quorum` (error, too few clients agree yet), `already_counted` (error, this client's vote "
-    "counts once per window)."
+    "`awaiting_quorum` (error, too few clients agree yet), `already_counted` (error: this client's vote "
+    "counts once per window; banned: a lease's ban counts once)."
 )
 
 

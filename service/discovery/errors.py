@@ -50,3 +50,25 @@ class TooManyReports(DiscoveryError):
     def __init__(self, message: str, *, retry_after: float) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class LeaseLimited(DiscoveryError):
+    """The client's fair share (discovery/fair_share.py) is taken: `reason` names the limit
+    (`lease_share`, `lease_rate`); `retry_after` = seconds until it lets one more lease through."""
+
+    def __init__(self, message: str, *, reason: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class LeaseRequired(DiscoveryError):
+    """A report about a target (`banned`, `ok`) that names a proxy instead of the lease it is about."""
+
+    reason = "lease_required"
+
+
+class TargetNotLeased(DiscoveryError):
+    """A report naming a target other than the one its lease was taken for."""
+
+    reason = "target_not_leased"

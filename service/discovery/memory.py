@@ -16,9 +16,10 @@ import threading
 from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
+from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
 from service.discovery.handout_order import HandOutOrder
 from service.discovery.report_book import ReportBook
-from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, LeaseRecord, Penalty
+from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, LeaseRecord, Limited, Penalty
 
 # Expired entries are swept at most this often (store-clock seconds); leases stay readable this long
 # after expiry, so late reports still find them.
@@ -29,13 +30,21 @@ NO_PENALTY = (0.0, 0)
 INFINITY = float("inf")
 
 
-# A lease as kept: (client, target, proxy, handed_at, expires_at, released). The garbage collector stops
-# tracking a tuple of atoms, so an hour of leases kept for late reports does not lengthen its pauses.
-_Kept = tuple[str, str, str, float, float, bool]
+# A lease as kept: (client, target, proxy, handed_at, expires_at, released, banned). The garbage collector
+# stops tracking a tuple of atoms, so an hour of leases kept for late reports does not lengthen its pauses.
+_Kept = tuple[str, str, str, float, float, bool, bool]
 
 
 def _keep(lease: LeaseRecord) -> _Kept:
-    return (lease.client, lease.target, lease.proxy, lease.handed_at, lease.expires_at, lease.released)
+    return (
+        lease.client,
+        lease.target,
+        lease.proxy,
+        lease.handed_at,
+        lease.expires_at,
+        lease.released,
+        lease.banned,
+    )
 
 
 def _record(lease_id: str, kept: _Kept) -> LeaseRecord:
@@ -69,6 +78,7 @@ class MemoryStore:
         self._last_candidates: Collection[str] | None = None
         self._next_sweep = 0.0
         self._reports = ReportBook()
+        self._holdings = MemoryHoldings()
 
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
         with self._lock:
@@ -81,7 +91,23 @@ class MemoryStore:
         held = self._hold.setdefault(pair, {})
         penalised = self._penalty.get(request.target, {})
         candidates, ignore_cooldown = request.candidates, request.ignore_cooldown
-        walk = len(candidates) * 8 >= len(self._lru)
+        count, share = request.count, request.share
+        if share is not None and share.rate is not None:
+            fits, next_at = rate_allowance(
+                self._holdings.bucket(request.client), now=now, rate=share.rate, burst=share.burst
+            )
+            if fits < 1:
+                return Acquired(leases=[], earliest=None, limited=Limited("lease_rate", next_at))
+            count = min(count, fits)
+        mine: dict[str, float] = {}
+        room: int | None = None  # distinct proxies the client may still add; None: no limit applies
+        full = False
+        if share is not None and share.holding is not None:
+            mine = self._holdings.held(request.client, pool=share.pool, now=now)
+            room = share.holding - len(mine)
+            if room <= 0:  # its share is taken: only the proxies it holds (for other targets) may come again
+                candidates, room, full = [key for key in mine if key in candidates], None, True
+        walk = len(candidates) * 8 >= len(self._lru) and candidates is request.candidates
         resume = self._resumable(pair, candidates, now) if walk and not ignore_cooldown else None
         run_end, run_until = (resume.position, resume.until) if resume else (-1, INFINITY)
         earliest = run_until if run_until < INFINITY else None
@@ -95,7 +121,9 @@ class MemoryStore:
                     at = max(at, held.get(key, 0.0))
                 if at <= now:
                     picked.append(key)
-                    if len(picked) == request.count:
+                    if room is not None and key not in mine:
+                        room -= 1
+                    if len(picked) == count or room == 0:
                         break
                     continue
                 if earliest is None or at < earliest:
@@ -104,7 +132,12 @@ class MemoryStore:
                 run_end, run_until, skipped = position, min(run_until, at), skipped + 1
         if skipped >= RESUME_AFTER and walk and not ignore_cooldown:
             self._remember(pair, candidates, position=run_end, until=run_until)
-        return Acquired(leases=self._hand_out(request, picked, held=held, now=now), earliest=earliest)
+        leases = self._hand_out(request, picked, held=held, now=now)
+        limited = None
+        if not leases and full and len(candidates) < len(request.candidates):  # the share kept others away
+            until = min(mine.values())
+            limited = Limited("lease_share", min(until, earliest) if earliest is not None else until)
+        return Acquired(leases=leases, earliest=earliest, limited=limited)
 
     def _hand_out(
         self, request: AcquireRequest, picked: list[str], *, held: dict[str, float], now: float
@@ -113,10 +146,17 @@ class MemoryStore:
             self._lease(request, key=key, lease_id=lid, now=now)
             for key, lid in zip(picked, request.lease_ids, strict=False)
         ]
+        share = request.share
+        tat = None
+        if share is not None and share.rate is not None and leases:
+            tat = charged(self._holdings.bucket(request.client), now=now, rate=share.rate, count=len(leases))
         for lease in leases:
             until = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
             held[lease.proxy] = max(held.get(lease.proxy, 0.0), until)  # a sticky re-use never lowers it
             self._reports.held(client=lease.client, proxy=lease.proxy, until=lease.expires_at)
+            self._holdings.took(
+                lease.client, lease.lease_id, proxy=lease.proxy, end=lease.expires_at, tat=tat
+            )
             self._lru.touch(lease.proxy)
         return leases
 
@@ -189,6 +229,7 @@ class MemoryStore:
                 self._resume.pop((lease.client, lease.target), None)
             released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
             self._leases[lease_id] = _keep(released)
+            self._holdings.moved(lease.client, lease_id, end=now)
             return released
 
     async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
@@ -205,17 +246,35 @@ class MemoryStore:
             renewed = LeaseRecord(**{**lease.__dict__, "expires_at": until})
             self._reports.held(client=lease.client, proxy=lease.proxy, until=until)
             self._leases[lease_id] = _keep(renewed)
+            self._holdings.moved(lease.client, lease_id, end=until)
             heapq.heappush(self._lease_gc, (until + LEASE_GRACE, lease_id))
             return renewed
 
     async def penalise(
-        self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
-    ) -> Penalty:
+        self,
+        *,
+        proxy: str,
+        target: str,
+        now: float,
+        base: float,
+        cap: float,
+        fraction: float,
+        lease_id: str | None = None,
+    ) -> Penalty | None:
         with self._lock:
+            reporter = None
+            if lease_id is not None:
+                kept = self._leases.get(lease_id)
+                if kept is None or kept[6]:
+                    return None  # counted once already (a retried report), or gone
+                self._leases[lease_id] = (*kept[:6], True)
+                reporter = kept[0]
             per_target = self._penalty.setdefault(target, {})
             until, strikes = per_target.get(proxy, (0.0, 0))
             until = max(until, now + fraction * min(cap, base * 2 ** min(strikes, 40)))
             per_target[proxy] = (until, strikes + 1)
+            if reporter is not None:
+                self._holdings.banned(reporter, proxy=proxy, until=until)
             return Penalty(target=target, until=until, strikes=strikes + 1)
 
     async def forgive(self, *, proxy: str, target: str, now: float) -> bool:
@@ -277,6 +336,7 @@ class MemoryStore:
         for pair in [p for p, r in self._resume.items() if r.until <= now or r.epoch != self._lru.epoch]:
             del self._resume[pair]
         self._reports.sweep(now=now, keep=LEASE_GRACE)
+        self._holdings.sweep(now=now)
         while self._lease_gc and self._lease_gc[0][0] <= now:
             lease_id = heapq.heappop(self._lease_gc)[1]
             kept = self._leases.get(lease_id)

@@ -16,16 +16,104 @@ _ARGS = r"""
 local now, count, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local cooldown, client, target = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local lease_prefix, grace, ignore_cd = ARGV[7], tonumber(ARGV[8]), ARGV[9] == '1'
+local holding, rate, burst = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local function fmt(x) return string.format('%.6f', x) end
+"""
+
+# The fair share (service/discovery/fair_share.py, the same rules): the rate bucket first (an empty one
+# answers {'limited', 'lease_rate', when one more fits}), then the distinct proxies of the share pool this
+# client holds (`mine`: proxy -> when its last lease there ends) and the `room` left. When the share is
+# taken (`full`), only proxies in `mine` may be handed out. Expects `act` (the client's active leases: lease
+# id -> end), `banby` (the penalties its reports set: proxy -> end), `ratekey`, `share_key` (a set, or false:
+# the pool is the candidates) and `in_cand(proxy)`.
+_LIMITS = r"""
+local function in_share(proxy)
+  if share_key then return redis.call('SISMEMBER', share_key, proxy) == 1 end
+  return in_cand(proxy)
+end
+local tat = nil
+if rate then
+  tat = tonumber(redis.call('GET', ratekey)) or 0
+  if tat < now then tat = now end
+  local fits = math.floor(burst - (tat - now) * rate + 1e-9)
+  if fits < 1 then
+    return {'limited', 'lease_rate', fmt(now + math.max(tat - now - (burst - 1) / rate, 0))}
+  end
+  if fits < count then count = fits end
+end
+local mine, mine_list, room, full = {}, {}, nil, false
+if holding then
+  redis.call('ZREMRANGEBYSCORE', act, '-inf', fmt(now))
+  local ids = redis.call('ZRANGE', act, 0, -1, 'WITHSCORES')
+  for i = 1, #ids, 2 do
+    local proxy = redis.call('HGET', lease_prefix .. ids[i], 'proxy')
+    if proxy and in_share(proxy) then
+      local e = tonumber(ids[i + 1])
+      if mine[proxy] == nil then mine_list[#mine_list + 1] = proxy end
+      if mine[proxy] == nil or mine[proxy] < e then mine[proxy] = e end
+    end
+  end
+  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf', 'WITHSCORES')
+  for i = 1, #bans, 2 do
+    local proxy, e = bans[i], tonumber(bans[i + 1])
+    if in_share(proxy) then
+      if mine[proxy] == nil then mine_list[#mine_list + 1] = proxy end
+      if mine[proxy] == nil or mine[proxy] < e then mine[proxy] = e end
+    end
+  end
+  room = holding - #mine_list
+  if room <= 0 then room, full = nil, true end
+end
+-- What is eligible among `list` (proxy keys), least recently used first, and the earliest a skipped one is.
+local function judge(list)
+  local eligible, first = {}, nil
+  local CHUNK = 4000
+  for s = 1, #list, CHUNK do
+    local part = {unpack(list, s, math.min(s + CHUNK - 1, #list))}
+    local h = redis.call('ZMSCORE', hold, unpack(part))
+    local p = redis.call('ZMSCORE', pen, unpack(part))
+    local l = redis.call('ZMSCORE', lru, unpack(part))
+    for i = 1, #part do
+      local at = tonumber(p[i]) or 0
+      if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
+      if at <= now then
+        eligible[#eligible + 1] = {tonumber(l[i]) or -1, part[i]}
+      elseif first == nil or at < first then
+        first = at
+      end
+    end
+  end
+  table.sort(eligible, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+  return eligible, first
+end
+-- Take from `eligible` in order while count and room allow.
+local function take(eligible, picked)
+  for i = 1, #eligible do
+    if #picked >= count or room == 0 then break end
+    local key = eligible[i][2]
+    picked[#picked + 1] = key
+    if room and not mine[key] then room = room - 1 end
+  end
+end
+-- Nothing handed out because the share is taken: when the first of its proxies frees (or turns eligible).
+local function share_taken(earliest)
+  local untl = nil
+  for _, e in pairs(mine) do if untl == nil or e < untl then untl = e end end
+  if earliest and earliest < untl then untl = earliest end
+  return {'limited', 'lease_share', fmt(untl)}
+end
 """
 
 # Both acquire scripts end the same way: hand out `picked` (proxy keys, LRU order first) with the lease ids
 # from ARGV[11...], hold each for this client and target until max(cooldown, ttl) (or longer, when a sticky
 # session re-uses a proxy it holds already), and mark it used now.
 _HAND_OUT = r"""
+if #picked == 0 and full then return share_taken(earliest) end
 local hold_until = now + math.max(cooldown, ttl)
 local out = {earliest and string.format('%.6f', earliest) or ''}
+redis.call('ZREMRANGEBYSCORE', act, '-inf', fmt(now))
 for i = 1, #picked do
-  local key, id = picked[i], ARGV[10 + i]
+  local key, id = picked[i], ARGV[13 + i]
   redis.call('ZADD', hold, 'GT', string.format('%.6f', hold_until), key)  -- never lowers a longer hold
   redis.call('ZADD', lru, string.format('%.6f', now), key)
   local lk = lease_prefix .. id
@@ -34,6 +122,7 @@ for i = 1, #picked do
     'hold', string.format('%.6f', hold_until), 'released', '0')
   redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
   redis.call('ZADD', used, 'GT', string.format('%.6f', now + ttl), key)  -- who may report on it
+  redis.call('ZADD', act, fmt(now + ttl), id)  -- what it holds, for its share
   out[#out + 1] = id
   out[#out + 1] = key
 end
@@ -43,48 +132,57 @@ if redis.call('PTTL', hold) < keep then redis.call('PEXPIRE', hold, keep) end
 if #picked > 0 then
   local used_keep = math.floor((ttl + grace) * 1000)
   if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
+  local act_keep = math.floor((ttl + 60) * 1000)
+  if redis.call('PTTL', act) < act_keep then redis.call('PEXPIRE', act, act_keep) end
+  if rate then
+    local after = tat + #picked / rate
+    redis.call('SET', ratekey, fmt(after), 'PX', math.floor((after - now + 60) * 1000))
+  end
 end
 return out
 """
 
-# KEYS: hold zset (client|target), penalty zset (target), lru zset, used zset (client: proxy -> lease end)
-# ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids,
-#       ids..., candidates...
+# KEYS: hold zset (client|target), penalty zset (target), lru zset, used zset (client: proxy -> lease end),
+#       act zset (client: lease id -> end), rate key (client), share set ('' when the pool is the candidates),
+#       banned-by zset (client: proxy -> end of the penalty its report set)
+# ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, holding, rate,
+#       burst, n_ids, ids..., candidates...
 ACQUIRE = (
     r"""
-local hold, pen, lru, used = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local share_key, banby = KEYS[7] ~= '' and KEYS[7], KEYS[8]
+if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 """
     + _ARGS
     + r"""
-local nids = tonumber(ARGV[10])
-local first = 11 + nids
-local eligible, earliest = {}, nil
-local CHUNK = 4000
-for s = first, #ARGV, CHUNK do
-  local part = {unpack(ARGV, s, math.min(s + CHUNK - 1, #ARGV))}
-  local h = redis.call('ZMSCORE', hold, unpack(part))
-  local p = redis.call('ZMSCORE', pen, unpack(part))
-  local l = redis.call('ZMSCORE', lru, unpack(part))
-  for i = 1, #part do
-    local at = tonumber(p[i]) or 0
-    if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
-    if at <= now then
-      eligible[#eligible + 1] = {tonumber(l[i]) or -1, part[i]}
-    elseif earliest == nil or at < earliest then
-      earliest = at
-    end
+local nids = tonumber(ARGV[13])
+local first = 14 + nids
+local listed = {unpack(ARGV, first, #ARGV)}
+local cand = nil
+local function in_cand(proxy)
+  if cand == nil then
+    cand = {}
+    for i = 1, #listed do cand[listed[i]] = true end
   end
+  return cand[proxy] == true
 end
-if count < #eligible then
-  table.sort(eligible, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
+"""
+    + _LIMITS
+    + r"""
+if full then
+  local kept = {}
+  for i = 1, #listed do if mine[listed[i]] then kept[#kept + 1] = listed[i] end end
+  full = #kept < #listed  -- the share keeps other candidates away (else: they are all its own)
+  listed = kept
 end
+local eligible, earliest = judge(listed)
 local picked = {}
-for i = 1, math.min(count, #eligible) do picked[i] = eligible[i][2] end
+take(eligible, picked)
 """
     + _HAND_OUT
 )
 
-# KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix
+# KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix, act key prefix, lease id
 RELEASE = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
 if not f[1] then return '' end
@@ -97,10 +195,12 @@ if cur and tonumber(cur) == tonumber(f[6]) then
   redis.call('HDEL', ARGV[4] .. f[2], f[1])
 end
 redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', now))
+redis.call('ZREM', ARGV[5] .. f[1], ARGV[6])
 return 'ok'
 """
 
-# KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix, used key prefix
+# KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix, used key prefix,
+#       act key prefix, lease id
 # The lease ends at now + ttl; its hold follows when it is this lease's (or shorter), as in the memory store.
 RENEW = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -122,14 +222,24 @@ redis.call('HSET', KEYS[1], 'expires', string.format('%.6f', untl))
 redis.call('PEXPIRE', KEYS[1], math.floor((ttl + grace) * 1000))
 local used = ARGV[7] .. f[1]
 redis.call('ZADD', used, 'GT', string.format('%.6f', untl), f[3])
+local act = ARGV[8] .. f[1]
+redis.call('ZADD', act, 'XX', string.format('%.6f', untl), ARGV[9])
+local act_keep = math.floor((ttl + 60) * 1000)
+if redis.call('PTTL', act) < act_keep then redis.call('PEXPIRE', act, act_keep) end
 local used_keep = math.floor((ttl + grace) * 1000)
 if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
 return 'ok'
 """
 
-# KEYS: penalty zset (target), strikes hash (proxy)
-# ARGV: proxy, target, now, base, cap, fraction, keep_seconds
+# KEYS: penalty zset (target), strikes hash (proxy), lease hash ('': no lease checked)
+# ARGV: proxy, target, now, base, cap, fraction, keep_seconds, banned-by key prefix
+# The reporter holds the proxy (for its fair share) while the penalty runs: `P:banby:<client>` proxy -> end.
+# A lease's ban counts once: {'dup'} when it was counted already (or the lease is gone), nothing changed.
 PENALISE = r"""
+if KEYS[3] ~= '' then
+  if redis.call('HEXISTS', KEYS[3], 'client') == 0 then return {'dup'} end
+  if redis.call('HSETNX', KEYS[3], 'banned', '1') == 0 then return {'dup'} end
+end
 local proxy, target, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local base, cap, fraction = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local strikes = redis.call('HINCRBY', KEYS[2], target, 1)
@@ -139,6 +249,13 @@ if cur and cur > untl then untl = cur end
 redis.call('ZADD', KEYS[1], string.format('%.6f', untl), proxy)
 redis.call('PEXPIRE', KEYS[1], math.floor((cap + 60) * 1000))
 redis.call('PEXPIRE', KEYS[2], math.floor(tonumber(ARGV[7]) * 1000))
+if KEYS[3] ~= '' then
+  local by = ARGV[8] .. redis.call('HGET', KEYS[3], 'client')
+  redis.call('ZADD', by, 'GT', string.format('%.6f', untl), proxy)
+  redis.call('ZREMRANGEBYSCORE', by, '-inf', string.format('%.6f', now))
+  local keep = math.floor((untl - now + 60) * 1000)
+  if redis.call('PTTL', by) < keep then redis.call('PEXPIRE', by, keep) end
+end
 return {string.format('%.6f', untl), tostring(strikes)}
 """
 
@@ -180,17 +297,31 @@ return n
 # The same decision over a candidate set stored in Redis (uploaded once per distinct set, by digest), walking
 # the LRU zset from its oldest member (or after the ineligible run the last walk for this client and target
 # found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case.
-# KEYS: hold zset, penalty zset, lru zset, used zset, candidate set, skip hash (target)
-# ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, n_ids, ids...
+# KEYS: hold zset, penalty zset, lru zset, used zset, candidate set, skip hash (target), act zset, rate key,
+#       share set ('' when the pool is the candidates), banned-by zset
+# ARGV: as ACQUIRE's, without the candidates
 ACQUIRE_FROM_SET = (
     r"""
 local hold, pen, lru, used, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local act, ratekey, share_key, banby = KEYS[7], KEYS[8], KEYS[9] ~= '' and KEYS[9], KEYS[10]
 if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
+if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 redis.call('PEXPIRE', cand, 600000)
+local function in_cand(proxy) return redis.call('SISMEMBER', cand, proxy) == 1 end
 """
     + _ARGS
+    + _LIMITS
     + r"""
-local pos, earliest, run_until = 0, nil, nil
+local picked, earliest = {}, nil
+if full then  -- no walk: only the proxies it holds may come again
+  local kept = {}
+  for i = 1, #mine_list do if in_cand(mine_list[i]) then kept[#kept + 1] = mine_list[i] end end
+  full = #kept < redis.call('SCARD', cand)  -- the share keeps other candidates away
+  local eligible
+  eligible, earliest = judge(kept)
+  take(eligible, picked)
+else
+local pos, run_until = 0, nil
 local saved = (not ignore_cd) and redis.call('HGET', skips, client)
 if saved then
   local r = cjson.decode(saved)  -- {member, its score, eligible-from or '', candidate set}
@@ -203,8 +334,8 @@ if saved then
     if r[3] ~= '' then earliest, run_until = tonumber(r[3]), tonumber(r[3]) end
   end
 end
-local picked, skipped, last, last_score, size = {}, 0, nil, nil, 16
-while #picked < count do
+local skipped, last, last_score, size = 0, nil, nil, 16
+while #picked < count and room ~= 0 do
   local chunk = redis.call('ZRANGE', lru, pos, pos + size - 1, 'WITHSCORES')
   local n = #chunk / 2
   if n == 0 then break end
@@ -221,7 +352,10 @@ while #picked < count do
       if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
     end
     if at and at <= now then
-      if #picked < count then picked[#picked + 1] = members[i] end
+      if #picked < count and room ~= 0 then
+        picked[#picked + 1] = members[i]
+        if room and not mine[members[i]] then room = room - 1 end
+      end
     else
       if at and (earliest == nil or at < earliest) then earliest = at end
       if #picked == 0 then
@@ -238,6 +372,7 @@ if skipped >= 16 and not ignore_cd then
   redis.call('HSET', skips, client, cjson.encode({last, last_score, untl, cand}))
   local keep = math.floor(((run_until or now + 600) - now + 60) * 1000)
   if redis.call('PTTL', skips) < keep then redis.call('PEXPIRE', skips, keep) end
+end
 end
 """
     + _HAND_OUT

@@ -4,7 +4,9 @@ Keys (prefix P): `P:hold:<client>|<target>` zset proxy -> held-until, `P:pen:<ta
 penalised-until, `P:strikes:<proxy>` hash target -> bans since the last good report, `P:lru` zset proxy ->
 last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash, `P:skip:<target>` hash client -> where
 its next walk of the LRU resumes (see redis_scripts.py); for reports, `P:used:<client>` zset proxy -> end of
-its latest lease, `P:err:<proxy>` zset client -> its `error` vote, `P:rate:<client>:<window>` a counter.
+its latest lease, `P:err:<proxy>` zset client -> its `error` vote, `P:rate:<client>:<window>` a counter; for
+fair shares (fair_share.py), `P:act:<client>` zset lease id -> end of each active lease, `P:banby:<client>`
+zset proxy -> end of a penalty its report set, and `P:lrate:<client>` its rate bucket.
 Every key but `P:lru` carries a TTL.
 """
 
@@ -14,6 +16,7 @@ import asyncio
 import hashlib
 import math
 import uuid
+from collections.abc import Collection
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -22,7 +25,14 @@ from redis.exceptions import RedisError
 
 from service.discovery import redis_scripts
 from service.discovery.redis_pipe import RedisPipe
-from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, LeaseRecord, Penalty
+from service.discovery.store import (
+    Acquired,
+    AcquireRequest,
+    ErrorVotes,
+    LeaseRecord,
+    Limited,
+    Penalty,
+)
 
 LEASE_GRACE = 3600.0
 SMALL_SET = 64  # up to this many candidates travel with the call; larger sets are uploaded once by digest
@@ -67,27 +77,38 @@ class RedisStore:
         return cls(aioredis.Redis.from_pool(pool), prefix=prefix, small_set=small_set)
 
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
-        if len(request.candidates) <= self._small_set:
-            return await self._acquire_listed(request, now=now)
-        frozen = (
-            request.candidates if isinstance(request.candidates, frozenset) else frozenset(request.candidates)
-        )
-        for _ in range(2):  # the set may have expired in Redis since this process uploaded it: upload again
-            cand = await self._candidate_key(frozen)
-            out = await self._run(
-                self._acquire_set,
-                keys=[
+        listed = len(request.candidates) <= self._small_set
+        for _ in range(2):  # a set may have expired in Redis since this process uploaded it: upload again
+            share = await self._share_key(request)
+            limits = [self._act_key(request.client), self._rate_key(request.client), share]
+            limits.append(f"{self._p}:banby:{request.client}")
+            if listed:
+                keys = [*self._keys(request), self._used_key(request.client), *limits]
+                args = [*self._args(request, now=now), *request.candidates]
+                out = await self._run(self._acquire, keys=keys, args=args)
+                cand = ""
+            else:
+                cand = await self._candidate_key(_frozen(request.candidates))
+                keys = [
                     *self._keys(request),
                     self._used_key(request.client),
                     cand,
                     self._skip_key(request.target),
-                ],
-                args=self._args(request, now=now),
-            )
+                    *limits,
+                ]
+                out = await self._run(self._acquire_set, keys=keys, args=self._args(request, now=now))
             if out[0] != "nocand":
                 return self._acquired(out, request=request, now=now)
-            self._uploaded.discard(cand)
-        raise RuntimeError(f"candidate set {cand} vanished twice in a row from Redis")
+            self._uploaded.difference_update({cand, share})
+        raise RuntimeError("a candidate set vanished twice in a row from Redis")
+
+    async def _share_key(self, request: AcquireRequest) -> str:
+        """The set a client's share is counted over, when that is not the candidates themselves (a sticky
+        session's request is for its one proxy, its share is of the pool); '' otherwise."""
+        share = request.share
+        if share is None or share.holding is None or share.pool is request.candidates:
+            return ""
+        return await self._candidate_key(_frozen(share.pool))
 
     async def _candidate_key(self, candidates: frozenset[str]) -> str:
         digest = self._digests.get(candidates)
@@ -125,6 +146,9 @@ class RedisStore:
 
     def _args(self, request: AcquireRequest, *, now: float) -> list[str]:
         ids = list(request.lease_ids)[: request.count]
+        share = request.share
+        holding = share.holding if share is not None else None
+        rate = share.rate if share is not None else None
         return [
             _f(now),
             str(request.count),
@@ -135,11 +159,16 @@ class RedisStore:
             f"{self._p}:lease:",
             _f(LEASE_GRACE),
             "1" if request.ignore_cooldown else "0",
+            "" if holding is None else str(holding),
+            "" if rate is None else repr(float(rate)),
+            "" if share is None else repr(float(share.burst)),
             str(len(ids)),
             *ids,
         ]
 
     def _acquired(self, out: list[str], *, request: AcquireRequest, now: float) -> Acquired:
+        if out[0] == "limited":
+            return Acquired(leases=[], earliest=None, limited=Limited(out[1], float(out[2])))
         earliest = float(out[0]) if out[0] else None
         leases = [
             LeaseRecord(
@@ -153,12 +182,6 @@ class RedisStore:
             for lid, key in zip(out[1::2], out[2::2], strict=True)
         ]
         return Acquired(leases=leases, earliest=earliest)
-
-    async def _acquire_listed(self, request: AcquireRequest, *, now: float) -> Acquired:
-        args = [*self._args(request, now=now), *request.candidates]
-        keys = [*self._keys(request), self._used_key(request.client)]
-        out = await self._run(self._acquire, keys=keys, args=args)
-        return self._acquired(out, request=request, now=now)
 
     async def get_lease(self, lease_id: str, *, now: float) -> LeaseRecord | None:
         key = f"{self._p}:lease:{lease_id}"
@@ -177,13 +200,14 @@ class RedisStore:
             handed_at=float(fields["handed"]),
             expires_at=float(fields["expires"]),
             released=fields.get("released") == "1",
+            banned=fields.get("banned") == "1",
         )
 
     async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
         out = await self._run(
             self._release,
             keys=[f"{self._p}:lease:{lease_id}"],
-            args=[_f(now), _f(cooldown), f"{self._p}:hold:", f"{self._p}:skip:"],
+            args=[_f(now), _f(cooldown), f"{self._p}:hold:", f"{self._p}:skip:", f"{self._p}:act:", lease_id],
         )
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
@@ -191,18 +215,35 @@ class RedisStore:
         args = [
             *(_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE), f"{self._p}:skip:"),
             f"{self._p}:used:",
+            f"{self._p}:act:",
+            lease_id,
         ]
         out = await self._run(self._renew, keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
     async def penalise(
-        self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
-    ) -> Penalty:
-        until, strikes = await self._run(
+        self,
+        *,
+        proxy: str,
+        target: str,
+        now: float,
+        base: float,
+        cap: float,
+        fraction: float,
+        lease_id: str | None = None,
+    ) -> Penalty | None:
+        lease = "" if lease_id is None else f"{self._p}:lease:{lease_id}"
+        out = await self._run(
             self._penalise,
-            keys=[f"{self._p}:pen:{target}", f"{self._p}:strikes:{proxy}"],
-            args=[proxy, target, _f(now), _f(base), _f(cap), f"{fraction:.12f}", _f(STRIKES_KEEP)],
+            keys=[f"{self._p}:pen:{target}", f"{self._p}:strikes:{proxy}", lease],
+            args=[
+                *(proxy, target, _f(now), _f(base), _f(cap), f"{fraction:.12f}", _f(STRIKES_KEEP)),
+                f"{self._p}:banby:",
+            ],
         )
+        if out[0] == "dup":
+            return None
+        until, strikes = out
         return Penalty(target=target, until=float(until), strikes=int(strikes))
 
     async def forgive(self, *, proxy: str, target: str, now: float) -> bool:
@@ -275,6 +316,12 @@ class RedisStore:
     def _hold_key(self, client: str, target: str) -> str:
         return f"{self._p}:hold:{client}|{target}"
 
+    def _act_key(self, client: str) -> str:
+        return f"{self._p}:act:{client}"
+
+    def _rate_key(self, client: str) -> str:
+        return f"{self._p}:lrate:{client}"
+
     def _used_key(self, client: str) -> str:
         return f"{self._p}:used:{client}"
 
@@ -283,3 +330,7 @@ class RedisStore:
 
     def _session_key(self, client: str, session: str) -> str:
         return f"{self._p}:sess:{client}|{session}"
+
+
+def _frozen(members: Collection[str]) -> frozenset[str]:
+    return members if isinstance(members, frozenset) else frozenset(members)

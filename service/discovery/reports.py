@@ -4,10 +4,14 @@ The rules (docs/security.md, "The discovery API"):
 1. A client may send `report_rate_limit` reports per `report_rate_period_seconds` (429 past it).
 2. A report is about a proxy the client holds a lease on, or held one on less than `report_window_seconds`
    ago (403 `not_a_leaseholder` otherwise): a client cannot touch the proxies other clients use.
-3. `banned` penalises the proxy for the target, for everyone (the site blocks the IP, not the client).
-4. `ok` resets the strikes of a proxy whose penalty has run out; it never lifts a running one, which would
+3. `banned` and `ok` are about a target, so they name the lease they are about (422 `lease_required` by
+   proxy key) and count for that lease's target only (409 `target_not_leased` when they name another): a
+   client can say nothing about a site it did not lease for.
+4. `banned` penalises the proxy for the lease's target, for everyone (the site blocks the IP, not the
+   client), at most once per lease: a repeated ban on one lease is `already_counted`.
+5. `ok` resets the strikes of a proxy whose penalty has run out; it never lifts a running one, which would
    let one client undo another's ban.
-5. `error` counts against the proxy's health only once `error_quorum` distinct clients agree within
+6. `error` counts against the proxy's health only once `error_quorum` distinct clients agree within
    `error_window_seconds`; each of them counts once. The prober's own probes count on their own.
 """
 
@@ -19,7 +23,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from service.discovery.backoff import FullJitter
-from service.discovery.errors import LeaseNotFound, NotALeaseholder, ProxyNotFound, TooManyReports
+from service.discovery.errors import (
+    LeaseNotFound,
+    LeaseRequired,
+    NotALeaseholder,
+    ProxyNotFound,
+    TargetNotLeased,
+    TooManyReports,
+)
 from service.discovery.store import Penalty, Store
 from service.inventory import Inventory
 from service.settings import DiscoverySettings
@@ -60,11 +71,17 @@ class Reports:
     ) -> ReportOutcome:
         now = self._clock()
         await self._within_rate(client, now=now)
+        if lease_id is None and outcome in ("banned", "ok"):
+            raise LeaseRequired(
+                f"an {outcome!r} report is about a target: send the lease it is about (`lease`), not the "
+                "proxy; it counts for the target that lease was taken for"
+            )
         key, target = await self._subject(
             client=client, target=target, lease_id=lease_id, proxy=proxy, now=now
         )
         if outcome == "banned":
-            return await self._ban(key, target=target, now=now)
+            assert lease_id is not None
+            return await self._ban(key, target=target, lease_id=lease_id, now=now)
         if outcome == "ok":
             return await self._forgive(key, target=target, now=now)
         return await self._error(key, target=target, client=client, now=now)
@@ -94,7 +111,13 @@ class Reports:
                     f"lease {lease_id!r} ended more than {window:g} s ago (report_window_seconds): "
                     "reports are taken while a lease runs and shortly after"
                 )
-            return lease.proxy, target or lease.target
+            if target is not None and target != lease.target:
+                taken = "without a target" if lease.target == ANY_TARGET else f"for {lease.target!r}"
+                raise TargetNotLeased(
+                    f"lease {lease_id!r} was taken {taken}; a report counts only for its lease's target: "
+                    f"leave `target` out, or lease for {target!r} to report on it"
+                )
+            return lease.proxy, lease.target
         assert proxy is not None
         if self._inventory.get(proxy) is None:
             raise ProxyNotFound(f"no proxy {proxy!r}; use the key namespace/name from /v1/proxies")
@@ -106,8 +129,9 @@ class Reports:
             )
         return proxy, target or ANY_TARGET
 
-    async def _ban(self, proxy: str, *, target: str, now: float) -> ReportOutcome:
+    async def _ban(self, proxy: str, *, target: str, lease_id: str, now: float) -> ReportOutcome:
         penalty = await self._store.penalise(
+            lease_id=lease_id,
             proxy=proxy,
             target=target,
             now=now,
@@ -115,6 +139,8 @@ class Reports:
             cap=self._backoff.cap,
             fraction=self._rng.random(),
         )
+        if penalty is None:  # this lease's ban was counted already
+            return ReportOutcome(proxy, target, "already_counted")
         return ReportOutcome(proxy, target, "penalised", penalty)
 
     async def _forgive(self, proxy: str, *, target: str, now: float) -> ReportOutcome:

@@ -19,12 +19,13 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from service.discovery.candidates import Candidates
-from service.discovery.errors import LeaseNotFound, NoProxyAvailable, SessionLost
+from service.discovery.errors import LeaseLimited, LeaseNotFound, NoProxyAvailable, SessionLost
+from service.discovery.fair_share import holding_limit
 from service.discovery.lease_users import SWEEP_SECONDS, LeaseUser, LeaseUsers
 from service.discovery.limits import lease_ttl
 from service.discovery.observer import DiscoveryObserver
 from service.discovery.reports import ANY_TARGET, ReportOutcome, Reports
-from service.discovery.store import AcquireRequest, LeaseRecord, Penalty, Store
+from service.discovery.store import AcquireRequest, FairShare, LeaseRecord, Limited, Penalty, Store
 from service.discovery.waiter import Waiter
 from service.inventory import Inventory
 from service.settings import DiscoverySettings
@@ -46,6 +47,8 @@ class LeaseQuery:
     strict: bool = False
     ttl: float | None = None
     wait: float = 0.0
+    share: float | None = None  # the client's own lease_share / lease_rate (its token's); None: settings
+    rate: float | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,7 @@ class DiscoveryService:
         if bound is not None:
             why = await self._session_problem(bound, query=query, pool=pool, now=now)
             if why is None:
-                leases = await self._acquire(query, pool=[bound], now=now, sticky=True)
+                leases = await self._acquire(query, pool=[bound], now=now, sticky=True, share_of=pool)
                 await self._bind(query, proxy=bound, now=now)
                 return LeaseGrant(leases=leases, session=query.session)
             if query.strict:
@@ -175,9 +178,25 @@ class DiscoveryService:
             idle=self.settings.session_idle_seconds,
         )
 
+    def _fair_share(self, query: LeaseQuery, pool: Collection[str]) -> FairShare:
+        share = self.settings.lease_share if query.share is None else query.share
+        return FairShare(
+            pool=pool,
+            holding=holding_limit(share, len(pool)),
+            rate=self.settings.lease_rate if query.rate is None else query.rate,
+            burst=float(self.settings.lease_burst),
+        )
+
     async def _acquire(
-        self, query: LeaseQuery, *, pool: Collection[str], now: float, sticky: bool = False
+        self,
+        query: LeaseQuery,
+        *,
+        pool: Collection[str],
+        now: float,
+        sticky: bool = False,
+        share_of: Collection[str] | None = None,
     ) -> list[LeaseRecord]:
+        share = self._fair_share(query, pool if share_of is None else share_of)
         request = AcquireRequest(
             client=query.client,
             target=query.target,
@@ -187,8 +206,11 @@ class DiscoveryService:
             cooldown=self.settings.cooldown_seconds,
             lease_ids=[self._new_id() for _ in range(query.count)],
             ignore_cooldown=sticky,
+            share=share,
         )
         acquired = await self.store.acquire(request, now=now)
+        if acquired.limited is not None:
+            raise self._limited(query, share, acquired.limited, now=now)
         if acquired.leases:
             if self.observer is not None:
                 self.observer.leased(acquired.leases)
@@ -204,6 +226,21 @@ class DiscoveryService:
             reason="all_cooling_down",
             retry_after=max(acquired.earliest - now, 0.0),
         )
+
+    def _limited(self, query: LeaseQuery, share: FairShare, limited: Limited, *, now: float) -> LeaseLimited:
+        retry_after = max(limited.until - now, 0.0)
+        if limited.reason == "lease_rate":
+            message = (
+                f"client {query.client!r} leases faster than its rate ({share.rate:g} leases per second, "
+                f"{share.burst:g} at once: lease_rate, lease_burst); retry after Retry-After"
+            )
+        else:
+            message = (
+                f"client {query.client!r} holds leases on {share.holding} of the {len(share.pool)} proxies "
+                "this request matches, its share (lease_share): release a lease or retry after Retry-After, "
+                "when its first one ends"
+            )
+        return LeaseLimited(message, reason=limited.reason, retry_after=retry_after)
 
     async def release(self, *, client: str, lease_id: str) -> LeaseRecord:
         lease = await self.store.get_lease(lease_id, now=self._clock())
@@ -246,7 +283,7 @@ class DiscoveryService:
         result = await self._reports(
             client=client, outcome=outcome, target=target, lease_id=lease_id, proxy=proxy
         )
-        if outcome == "banned" and self.observer is not None:
+        if result.effect == "penalised" and self.observer is not None:
             self.observer.banned(result.proxy, client)
         return result
 

@@ -23,14 +23,26 @@ class LeaseRecord:
     handed_at: float
     expires_at: float
     released: bool = False
+    banned: bool = False  # a `banned` report on it was counted (at most one per lease)
+
+
+@dataclass(frozen=True)
+class Limited:
+    """The client's fair share stopped a lease: `reason` names the limit (`lease_share`, `lease_rate`),
+    `until` is when the limit first lets one more lease through (store-clock seconds)."""
+
+    reason: str
+    until: float
 
 
 @dataclass(frozen=True)
 class Acquired:
-    """What `acquire` handed out, and when the first candidate it skipped becomes eligible (None: no such)."""
+    """What `acquire` handed out, and when the first candidate it skipped becomes eligible (None: no such);
+    `limited` when the client's share or rate is what kept it from more (then `leases` may be empty)."""
 
     leases: list[LeaseRecord]
     earliest: float | None
+    limited: Limited | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +62,20 @@ class ErrorVotes:
 
 
 @dataclass(frozen=True)
+class FairShare:
+    """What one client may take (docs/security.md, "Fair shares"), decided atomically with the hand-out.
+
+    `holding`: the client may hold leases on at most this many distinct proxies of `pool` at once (a proxy
+    it holds already, for another target, can be leased again). `rate` (leases per second, with `burst`):
+    a token bucket of hand-outs per client, counted over every pool. None: that limit is off."""
+
+    pool: Collection[str]
+    holding: int | None
+    rate: float | None
+    burst: float
+
+
+@dataclass(frozen=True)
 class AcquireRequest:
     client: str
     target: str
@@ -59,6 +85,7 @@ class AcquireRequest:
     cooldown: float
     lease_ids: Sequence[str]
     ignore_cooldown: bool = False  # a sticky session re-uses its proxy whatever the cooldown
+    share: FairShare | None = None
 
 
 class Store(Protocol):
@@ -79,10 +106,20 @@ class Store(Protocol):
         ...
 
     async def penalise(
-        self, *, proxy: str, target: str, now: float, base: float, cap: float, fraction: float
-    ) -> Penalty:
-        """Record a ban: until = now + fraction * min(cap, base * 2**strikes_before); `strikes` counts
-        this ban (1 for the first since the last good report)."""
+        self,
+        *,
+        proxy: str,
+        target: str,
+        now: float,
+        base: float,
+        cap: float,
+        fraction: float,
+        lease_id: str | None = None,
+    ) -> Penalty | None:
+        """Record a ban: until = now + fraction * min(cap, base * 2**strikes_before); `strikes` counts this
+        ban (1 for the first since the last good report). With `lease_id` (as reports always send: the
+        lease it was reported on), None and nothing changed when that lease's ban was counted already or
+        the lease is gone; without, no lease is checked (store tests and benches)."""
         ...
 
     async def forgive(self, *, proxy: str, target: str, now: float) -> bool:

@@ -38,11 +38,17 @@ TOKENS = {
     "crawler-b": ("token-b", ["lease", "report"]),
     "reporter": ("token-r", ["report"]),
     "admin": ("token-admin", ["admin"]),
+    "owner": ("token-owner", ["lease", "report"]),  # a team that owns its pool: leaseShare 1 (below)
 }
+TOKEN_SETTINGS = {"owner": {"leaseShare": 1.0}}
 
 
 def auth(client: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKENS[client][0]}"}
+
+
+# The fair-share limits at their most generous, for tests that hand one client a whole small pool.
+FAIR_SHARE_OFF = {"lease_share": 1.0, "lease_rate": 100_000.0, "lease_burst": 100_000}
 
 
 @dataclass
@@ -187,7 +193,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 @pytest.fixture
 def tokens_file(tmp_path: Path) -> Path:
     path = tmp_path / "tokens.json"
-    entries = [{"name": n, "scopes": s, "sha256": hash_token(t)} for n, (t, s) in TOKENS.items()]
+    entries = [
+        {"name": n, "scopes": s, "sha256": hash_token(t), **TOKEN_SETTINGS.get(n, {})}
+        for n, (t, s) in TOKENS.items()
+    ]
     path.write_text(json.dumps(entries))
     return path
 
@@ -234,6 +243,8 @@ def start_api(tokens_file: Path, store_factory: StoreFactory) -> Iterator[ApiFac
         clock = clock or FakeClock()
         store = store or store_factory()
         reported: list[str] = []
+        for name, off in FAIR_SHARE_OFF.items():  # tests of other rules; test_fair_share.py has them on
+            settings.setdefault(name, off)
         discovery = DiscoveryService(
             inventory=inventory,
             store=store,

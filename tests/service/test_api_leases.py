@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -132,9 +133,9 @@ def test_a_ban_for_one_target_leaves_the_proxy_usable_for_others(start_api: ApiF
         assert keys(lease(client, target="news.example")) == ["default/a"]
         detail = client.get("/v1/proxies/default/a", headers=auth("crawler-a")).json()
         assert [p["target"] for p in detail["penalties"]] == ["shop.example"]
-        ok = {"proxy": "default/a", "target": "shop.example", "outcome": "ok"}
-        refused = client.post("/v1/reports", json=ok, headers=auth("reporter"))  # never leased it
-        assert (refused.status_code, refused.json()["error"]) == (403, "not_a_leaseholder")
+        ok = {"lease": lease_id, "outcome": "ok"}
+        refused = client.post("/v1/reports", json=ok, headers=auth("reporter"))  # not its lease
+        assert (refused.status_code, refused.json()["error"]) == (404, "lease_not_found")
         good = client.post("/v1/reports", json=ok, headers=auth("crawler-a"))
         assert good.json()["effect"] == "penalty_runs"  # a good report never lifts a running ban
         assert lease(client, target="shop.example").status_code == 503
@@ -197,18 +198,23 @@ def test_ban_penalty_is_exactly_full_jitter_and_its_bound_grows(serve_with_rng: 
         penalty_cap_seconds=1000,
     )
     clock = api.clock
-    ban = {"proxy": "default/a", "target": "shop.example", "outcome": "banned"}
     expected = [(1, 0.5 * 300), (2, 0.25 * 600), (3, 0.9 * 1000), (4, 0.999 * 1000)]
+
+    def leased(client: httpx.Client) -> str:
+        answer = lease(client, target="shop.example")
+        assert keys(answer) == ["default/a"]
+        return str(answer.json()["leases"][0]["leaseId"])
+
     with api.client() as client:
         for strikes, delay in expected:
-            assert keys(lease(client, target="shop.example")) == ["default/a"]  # reports need a lease
+            ban = {"lease": leased(client), "outcome": "banned"}
             body = client.post("/v1/reports", json=ban, headers=auth("crawler-a")).json()
             assert body["strikes"] == strikes
             until = datetime.fromisoformat(body["penalisedUntil"]).timestamp()
             assert until == pytest.approx(clock.now + delay, abs=1e-3), (strikes, until - clock.now)
             clock.advance(2000)  # let it expire so the next ban stands on its own
-        ok = {"proxy": "default/a", "target": "shop.example", "outcome": "ok"}
-        assert keys(lease(client, target="shop.example")) == ["default/a"]  # the last penalty ran out
+        ban = {"lease": leased(client), "outcome": "banned"}  # the last penalty ran out
+        ok = {"lease": ban["lease"], "outcome": "ok"}
         assert (
             client.post("/v1/reports", json=ok, headers=auth("crawler-a")).json()["effect"] == "strikes_reset"
         )
@@ -243,7 +249,7 @@ def test_report_errors(start_api: ApiFactory) -> None:
     api = start_api(inventory=healthy_inventory(["a"]))
     with api.client() as client:
         unknown = client.post(
-            "/v1/reports", json={"proxy": "default/zz", "outcome": "ok"}, headers=auth("reporter")
+            "/v1/reports", json={"proxy": "default/zz", "outcome": "error"}, headers=auth("reporter")
         )
         assert (unknown.status_code, unknown.json()["error"]) == (404, "proxy_not_found")
         no_lease = client.post(

@@ -40,9 +40,10 @@ def test_a_client_that_never_leased_a_proxy_cannot_ban_it(start_api: ApiFactory)
     api = start_api(inventory=healthy_inventory(["a"]))
     with api.client() as client:
         ban = {"proxy": "default/a", "target": TARGET, "outcome": "banned"}
-        _refused(_report(client, "crawler-b", **ban), 403, "not_a_leaseholder")
-        _refused(_report(client, "reporter", **ban), 403, "not_a_leaseholder")  # report scope alone: nothing
+        _refused(_report(client, "crawler-b", **ban), 422, "lease_required")  # a ban names its lease
+        _refused(_report(client, "reporter", **ban), 422, "lease_required")
         error = {"proxy": "default/a", "outcome": "error"}
+        _refused(_report(client, "reporter", **error), 403, "not_a_leaseholder")  # report scope alone
         _refused(_report(client, "crawler-b", **error), 403, "not_a_leaseholder")
         assert _lease(client, "crawler-a")["key"] == "default/a"  # not banned, not unhealthy
     assert api.errors_reported == []
@@ -65,17 +66,13 @@ def test_a_leaseholder_may_report_until_the_window_closes(start_api: ApiFactory)
         clock.advance(299)  # released at once: the window runs from then (by lease) or the lease's end
         by_lease = _report(client, "crawler-a", lease=lease["leaseId"], outcome="ok")
         assert by_lease.status_code == 200, by_lease.text
-        by_proxy = _report(client, "crawler-a", proxy="default/a", target=TARGET, outcome="ok")
+        by_proxy = _report(client, "crawler-a", proxy="default/a", outcome="error")
         assert by_proxy.status_code == 200, by_proxy.text
         clock.advance(62)
         _refused(
             _report(client, "crawler-a", lease=lease["leaseId"], outcome="banned"), 403, "not_a_leaseholder"
         )
-        _refused(
-            _report(client, "crawler-a", proxy="default/a", target=TARGET, outcome="banned"),
-            403,
-            "not_a_leaseholder",
-        )
+        _refused(_report(client, "crawler-a", proxy="default/a", outcome="error"), 403, "not_a_leaseholder")
 
 
 def test_a_good_report_does_not_lift_another_client_s_ban(start_api: ApiFactory) -> None:

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 
 from service.discovery.memory import MemoryStore
 from service.discovery.redis_store import RedisStore
-from service.discovery.store import AcquireRequest, ErrorVotes, Store
+from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, FairShare, Limited, Store
 from tests.service.conftest import RedisServer
 
 NOW = 1_800_000_000.0
@@ -192,5 +192,119 @@ def test_a_good_report_never_lifts_a_running_penalty(run: Callable[[Scenario], N
         assert await s.store.forgive(proxy="a", target="t", now=NOW + 151) is True  # ran out: strikes reset
         again = await s.store.penalise(proxy="a", target="t", now=NOW + 200, base=300, cap=3600, fraction=1)
         assert again.strikes == 1
+
+    run(scenario)
+
+
+def shared(
+    *candidates: str,
+    tag: str,
+    count: int = 1,
+    ttl: float = 60,
+    target: str = "example.com",
+    holding: int | None = None,
+    rate: float | None = None,
+    burst: float = 1,
+    pool: tuple[str, ...] | None = None,
+    sticky: bool = False,
+) -> AcquireRequest:
+    """A lease request under a fair share: `pool` (default: the candidates) is what the share counts over."""
+    listed = list(candidates)
+    share = FairShare(pool=listed if pool is None else list(pool), holding=holding, rate=rate, burst=burst)
+    return AcquireRequest(
+        client="crawler",
+        target=target,
+        candidates=listed,
+        count=count,
+        ttl=ttl,
+        cooldown=10,
+        lease_ids=[f"{tag}-{i}" for i in range(count)],
+        ignore_cooldown=sticky,
+        share=share,
+    )
+
+
+def _proxies(acquired: Acquired) -> list[str]:
+    return sorted(lease.proxy for lease in acquired.leases)
+
+
+def test_a_client_holds_at_most_its_share_of_the_pool(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        first = await s.store.acquire(shared("a", "b", "c", "d", tag="1", count=4, holding=2), now=NOW)
+        assert _proxies(first) == ["a", "b"]  # never used: key order
+        other = await s.store.acquire(
+            shared("a", "b", "c", "d", tag="2", count=4, holding=2, target="other"), now=NOW
+        )
+        assert _proxies(other) == ["a", "b"]  # the two it holds, for another target; no third
+        taken = await s.store.acquire(shared("a", "b", "c", "d", tag="3", holding=2), now=NOW + 1)
+        assert taken.leases == []
+        assert taken.limited == Limited("lease_share", pytest.approx(NOW + 60))
+        assert await s.store.release(first.leases[0].lease_id, now=NOW + 2, cooldown=10) is not None
+        assert await s.store.release(other.leases[0].lease_id, now=NOW + 2, cooldown=10) is not None
+        freed = await s.store.acquire(shared("a", "b", "c", "d", tag="4", count=4, holding=2), now=NOW + 3)
+        assert _proxies(freed) == ["c"]  # a cools down for this target; one new proxy fits
+        alone = await s.store.acquire(shared("a", "b", tag="5", holding=2, target="t2"), now=NOW + 3)
+        assert alone.limited is None  # every candidate its own: not the share's doing
+
+    run(scenario)
+
+
+def test_a_sticky_request_counts_in_the_share_of_its_pool(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        pool = ("a", "b", "c", "d")
+        held = await s.store.acquire(shared(*pool, tag="1", count=2, holding=2), now=NOW)
+        assert _proxies(held) == ["a", "b"]
+        other = await s.store.acquire(shared("c", tag="2", holding=2, pool=pool, sticky=True), now=NOW)
+        assert other.limited is not None
+        assert other.limited.reason == "lease_share"
+        own = await s.store.acquire(shared("a", tag="3", holding=2, pool=pool, sticky=True), now=NOW)
+        assert _proxies(own) == ["a"]
+
+    run(scenario)
+
+
+def test_a_client_leases_at_most_at_its_rate(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        def ask(tag: str, count: int) -> AcquireRequest:
+            return shared("a", "b", "c", "d", tag=tag, count=count, rate=2, burst=3, target=tag)
+
+        assert len((await s.store.acquire(ask("1", 4), now=NOW)).leases) == 3  # the burst
+        empty = await s.store.acquire(ask("2", 1), now=NOW)
+        assert empty.leases == []
+        assert empty.limited == Limited("lease_rate", pytest.approx(NOW + 0.5))
+        assert len((await s.store.acquire(ask("3", 4), now=NOW + 0.5)).leases) == 1
+        assert len((await s.store.acquire(ask("4", 4), now=NOW + 10)).leases) == 3  # full again
+
+    run(scenario)
+
+
+def test_a_lease_s_ban_counts_once_and_holds_the_proxy_for_the_share(
+    run: Callable[[Scenario], None],
+) -> None:
+    async def scenario(s: Stores) -> None:
+        got = await s.store.acquire(shared("a", "b", tag="1", holding=1, ttl=5), now=NOW)
+        lease_id = got.leases[0].lease_id
+        ban = await s.store.penalise(
+            lease_id=lease_id, proxy="a", target="example.com", now=NOW, base=300, cap=3600, fraction=0.5
+        )
+        assert ban is not None
+        assert ban.strikes == 1
+        again = await s.store.penalise(
+            lease_id=lease_id, proxy="a", target="example.com", now=NOW, base=300, cap=3600, fraction=1
+        )
+        assert again is None
+        assert await s.store.penalty_until(proxy="a", target="example.com") == pytest.approx(NOW + 150)
+        kept = await s.store.get_lease(lease_id, now=NOW)
+        assert kept is not None
+        assert kept.banned
+        assert await s.store.release(lease_id, now=NOW + 1, cooldown=0) is not None
+        held = await s.store.acquire(shared("a", "b", tag="2", holding=1, target="t2"), now=NOW + 2)
+        assert _proxies(held) == ["a"]  # the proxy its ban took out is still its one: b stays free
+        assert await s.store.release(held.leases[0].lease_id, now=NOW + 3, cooldown=0) is not None
+        taken = await s.store.acquire(shared("a", "b", tag="3", holding=1), now=NOW + 3)
+        assert taken.limited == Limited("lease_share", pytest.approx(NOW + 150))
+        await s.advance(150)
+        after = await s.store.acquire(shared("a", "b", tag="4", holding=1), now=NOW + 151)
+        assert len(after.leases) == 1
 
     run(scenario)

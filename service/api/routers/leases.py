@@ -11,23 +11,28 @@ from service.api.convert import leased, timestamp
 from service.api.deps import Context, LeaseClient
 from service.api.errors import ApiError, responses
 from service.api.models import LeaseBody, LeaseResponse, RenewBody, RenewResponse
+from service.auth import Client
 from service.discovery.errors import DiscoveryError
 from service.discovery.limits import Granted, grant, lease_ttl, lowered
 from service.discovery.service import ANY_TARGET, LeaseGrant, LeaseQuery
 
 router = APIRouter(tags=["leases"])
 RETRY_AFTER_HEADER = {
-    "Retry-After": {"description": "Whole seconds until a proxy is eligible", "schema": {"type": "string"}}
+    "Retry-After": {
+        "description": "Whole seconds until a proxy is eligible (503) or the client's share lets one more "
+        "lease through (429)",
+        "schema": {"type": "string"},
+    }
 }
 MAX_LEASE_ID = 128
 
 
-def _query(body: LeaseBody, *, client: str, ctx: Context) -> tuple[LeaseQuery, Granted]:
+def _query(body: LeaseBody, *, client: Client, ctx: Context) -> tuple[LeaseQuery, Granted]:
     """The request within this server's limits: count, ttl and wait are lowered, not refused (docs/api.md
     "Leases"); the answer's `lowered` names what was."""
     granted = grant(count=body.count, ttl=body.ttl, wait=body.wait, settings=ctx.discovery.settings)
     query = LeaseQuery(
-        client=client,
+        client=client.name,
         count=granted.count,
         pool=body.pool,
         provider=body.provider,
@@ -38,6 +43,8 @@ def _query(body: LeaseBody, *, client: str, ctx: Context) -> tuple[LeaseQuery, G
         strict=body.strict,
         ttl=granted.ttl,
         wait=granted.wait,
+        share=client.lease_share,
+        rate=client.lease_rate,
     )
     return query, granted
 
@@ -47,6 +54,7 @@ def _query(body: LeaseBody, *, client: str, ctx: Context) -> tuple[LeaseQuery, G
     response_model=LeaseResponse,
     responses={
         **responses(400, 401, 403, 409, 413, 422),
+        429: {**responses(429)[429], "headers": RETRY_AFTER_HEADER},
         503: {**responses(503)[503], "headers": RETRY_AFTER_HEADER},
     },
     summary="Lease proxies",
@@ -54,7 +62,7 @@ def _query(body: LeaseBody, *, client: str, ctx: Context) -> tuple[LeaseQuery, G
 async def create_lease(
     client: LeaseClient, ctx: Context, body: Annotated[LeaseBody | None, Body()] = None
 ) -> LeaseResponse:
-    query, granted = _query(body or LeaseBody(), client=client.name, ctx=ctx)
+    query, granted = _query(body or LeaseBody(), client=client, ctx=ctx)
     started = time.perf_counter()
     try:
         lease_grant = await ctx.discovery.lease(query)

@@ -1,0 +1,100 @@
+"""Fair shares: what one client may take, so that one token can crowd out only itself.
+
+Two limits, both decided in the store in the same atomic step as the hand-out (the Redis scripts repeat these
+rules in Lua; tests/service/test_store_conformance.py holds both stores to one behaviour):
+
+- **Holding**: a client holds at most `holding` distinct proxies of the pool its request matches
+  (`holding_limit`: a share of that pool, at least one). It holds a proxy while it has a lease on it, and
+  while a penalty that its own `banned` report set on it runs: so one token can keep at most its share of a
+  pool out of service for a target, however it spreads its leases and reports over time. A proxy it holds
+  already may be leased again (for another target); past the limit the request gets what fits, and nothing
+  at all answers 429 `lease_share` with `Retry-After` set to when the first of its proxies is free again.
+- **Rate**: a token bucket per client (GCRA: one "theoretical arrival time" per client) of `rate` hand-outs
+  per second with `burst` at once, counted over every pool; an empty bucket answers 429 `lease_rate` with
+  `Retry-After` set to when one more fits.
+
+`MemoryHoldings` is the memory store's half (called under its lock).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+
+EPSILON = 1e-9  # a float tolerance so that exactly `burst` hand-outs fit
+
+
+def holding_limit(share: float, pool_size: int) -> int:
+    """How many distinct proxies of a pool of `pool_size` one client may hold: ceil(share * size), >= 1
+    (half of 3 proxies is 2; of 2, 1)."""
+    return max(1, math.ceil(share * pool_size - EPSILON))
+
+
+def rate_allowance(tat: float, *, now: float, rate: float, burst: float) -> tuple[int, float]:
+    """(hand-outs that fit now, when the next one fits) for a client whose bucket is at `tat`."""
+    ahead = max(tat, now) - now
+    fits = math.floor(burst - ahead * rate + EPSILON)
+    return max(fits, 0), now + max(ahead - (burst - 1) / rate, 0.0)
+
+
+def charged(tat: float, *, now: float, rate: float, count: int) -> float:
+    """The bucket after `count` hand-outs."""
+    return max(tat, now) + count / rate
+
+
+class MemoryHoldings:
+    """Per client, its active leases (lease id -> proxy, end) and its rate bucket."""
+
+    def __init__(self) -> None:
+        self._active: dict[str, dict[str, tuple[str, float]]] = {}
+        self._banned: dict[str, dict[str, float]] = {}  # client -> proxy -> end of the penalty it set
+        self._tat: dict[str, float] = {}
+
+    def held(self, client: str, *, pool: Collection[str], now: float) -> dict[str, float]:
+        """The proxies of `pool` the client holds now (a lease, or a running penalty it reported), each with
+        when it stops holding it."""
+        mine: dict[str, float] = {}
+        leases = self._active.get(client, {})
+        for lease_id in [lid for lid, (_, end) in leases.items() if end <= now]:
+            del leases[lease_id]
+        for proxy, end in leases.values():
+            if proxy in pool:
+                mine[proxy] = max(mine.get(proxy, 0.0), end)
+        for proxy, end in self._banned.get(client, {}).items():
+            if end > now and proxy in pool:
+                mine[proxy] = max(mine.get(proxy, 0.0), end)
+        return mine
+
+    def banned(self, client: str, *, proxy: str, until: float) -> None:
+        """A penalty on `proxy` that `client`'s report set (or lengthened) runs until `until`."""
+        bans = self._banned.setdefault(client, {})
+        bans[proxy] = max(bans.get(proxy, 0.0), until)
+
+    def bucket(self, client: str) -> float:
+        return self._tat.get(client, 0.0)
+
+    def took(self, client: str, lease_id: str, *, proxy: str, end: float, tat: float | None) -> None:
+        self._active.setdefault(client, {})[lease_id] = (proxy, end)
+        if tat is not None:
+            self._tat[client] = tat
+
+    def moved(self, client: str, lease_id: str, *, end: float) -> None:
+        """A lease renewed (to `end`) or released (`end` = now)."""
+        leases = self._active.get(client, {})
+        entry = leases.get(lease_id)
+        if entry is not None:
+            leases[lease_id] = (entry[0], end)
+
+    def sweep(self, *, now: float) -> None:
+        for client, leases in list(self._active.items()):
+            for lease_id in [lid for lid, (_, end) in leases.items() if end <= now]:
+                del leases[lease_id]
+            if not leases:
+                del self._active[client]
+        for client, bans in list(self._banned.items()):
+            for proxy in [p for p, end in bans.items() if end <= now]:
+                del bans[proxy]
+            if not bans:
+                del self._banned[client]
+        for client in [c for c, tat in self._tat.items() if tat <= now]:
+            del self._tat[client]
