@@ -48,6 +48,9 @@ class Lease:
 
 
 class NoProxyAvailable(Exception):
+    """503 (nothing eligible: `all_cooling_down`, `no_candidates`) or 429 (this client's fair share:
+    `lease_share`, `lease_rate`); `retry_after` is the server's Retry-After in seconds."""
+
     def __init__(self, reason: str, retry_after: float) -> None:
         super().__init__(f"{reason}: retry after {retry_after:g} s")
         self.reason, self.retry_after = reason, retry_after
@@ -83,7 +86,7 @@ class DiscoveryClient:
         """Lease up to `count` proxies. Filters: pool, provider, labels, session, strict, ttl."""
         body = {"target": target, "count": count, "wait": wait, **filters}
         response = self._http.post("/v1/leases", json={k: v for k, v in body.items() if v is not None})
-        if response.status_code == 503:
+        if response.status_code in (429, 503):  # past this client's share or rate, or nothing eligible
             raise NoProxyAvailable(response.json()["error"], float(response.headers["Retry-After"]))
         _raise_for_error(response)
         leases = [

@@ -14,6 +14,8 @@ egress policy (`destination_ip_prohibited`, a CONNECT answered 403) is neither r
 request gets `dont_retry`: every proxy would refuse it). A site the proxy could not reach
 (`connection_refused`, `dns_error`, ..., a CONNECT answered 502/504) is not reported either and is left
 to Scrapy's RetryMiddleware, which leases afresh. Other errors the proxy names are reported as `error`.
+A 503 (nothing eligible) and a 429 past the token's lease rate are waited out for their Retry-After; a 429
+past the token's share of the pool (`lease_share`) waits for the next of the spider's own releases.
 
 settings.py:
 
@@ -35,6 +37,7 @@ imports without Scrapy installed. tests/service/test_scrapy_middleware.py runs i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from typing import Any
@@ -69,6 +72,7 @@ class ProxyOperatorMiddleware:
         self._max_retries = max_retries
         self._wait = wait
         self._live: dict[str, dict[str, Any]] = {}  # lease id -> lease, until reported or released
+        self._released = asyncio.Event()  # set at each release: a request past our share waits for it
 
     @classmethod
     def from_crawler(cls, crawler: Any) -> ProxyOperatorMiddleware:
@@ -168,17 +172,17 @@ class ProxyOperatorMiddleware:
             response = await self._http.post(
                 "/v1/leases", json={k: v for k, v in body.items() if v is not None}
             )
-            if response.status_code != 503:
+            if response.status_code not in (429, 503):  # 429: past this client's share or lease rate
                 response.raise_for_status()
                 return dict(response.json()["leases"][0])
             retry_after = float(response.headers.get("Retry-After", "1"))
-            log.info(
-                "no proxy for %s (%s); retrying in %g s",
-                body["target"],
-                response.json()["error"],
-                retry_after,
-            )
-            await asyncio.sleep(retry_after)
+            reason = response.json()["error"]
+            log.info("no proxy for %s (%s); retrying in %g s", body["target"], reason, retry_after)
+            if reason == "lease_share":  # our own leases hold our share: the first we release frees it
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._released.wait(), retry_after)
+            else:
+                await asyncio.sleep(retry_after)
 
     async def _finish(self, lease: dict[str, Any], *, outcome: str, status_code: int | None) -> None:
         report = {"lease": lease["leaseId"], "outcome": outcome}
@@ -190,6 +194,8 @@ class ProxyOperatorMiddleware:
     async def _release(self, lease: dict[str, Any]) -> None:
         self._live.pop(lease["leaseId"], None)
         await self._http.delete(f"/v1/leases/{lease['leaseId']}")  # 404: it had expired already
+        self._released.set()  # wakes every request waiting for our share, then a fresh event for the next
+        self._released = asyncio.Event()
 
     def _retry(self, request: Any, *, reason: str) -> Any:
         retries = request.meta.get(RETRIES_META, 0) + 1

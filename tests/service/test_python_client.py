@@ -144,3 +144,18 @@ def test_a_refused_report_does_not_fail_a_download_that_worked(
         pages = [client.fetch(site.url("/ok"), target=TARGET, wait=0) for _ in range(2)]
     assert [page.status_code for page in pages] == [200, 200]
     assert metric(api, 'proxy_operator_reports_total{outcome="ok"}') == 1  # the second was refused
+
+
+def test_past_its_share_a_lease_raises_no_proxy_available_with_the_reason(
+    start_api: ApiFactory, four_proxies: Inventory
+) -> None:
+    """A 429 (the client's fair share) is a NoProxyAvailable with its Retry-After, as a 503 is, so `fetch`
+    waits it out instead of failing (before: a RuntimeError from the 429)."""
+    client_module = load_client()
+    api = start_api(inventory=four_proxies, lease_share=0.5, lease_ttl_seconds=120)
+    with client_module.DiscoveryClient(api.url, TOKENS["crawler-a"][0]) as client:
+        assert len(client.lease(target=TARGET, count=4)) == 2
+        with pytest.raises(client_module.NoProxyAvailable) as refused:
+            client.lease(target=TARGET)
+    assert refused.value.reason == "lease_share"
+    assert refused.value.retry_after == 120

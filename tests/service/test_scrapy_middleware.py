@@ -107,3 +107,24 @@ def test_a_real_spider_leases_reports_rotates_and_releases(
     assert "releasing 1 unfinished lease(s) at close" in result["log"]
     assert after.status_code == 200, after.text
     assert sorted(item["key"] for item in after.json()["leases"]) == sorted(set(ports.values()) - set(banned))
+
+
+def test_past_its_share_the_spider_waits_for_its_own_release_and_loses_no_page(
+    start_api: ApiFactory, six_proxies: Inventory
+) -> None:
+    """Fair shares on (half of six proxies), six requests in flight: the API answers 429 `lease_share` to
+    the requests past three; each waits for one of the spider's own releases, not for Retry-After (the
+    API's clock stands still here, so Retry-After never comes: a middleware that slept it or failed on the
+    429 would lose those pages or hit the 90 s limit)."""
+    api = start_api(
+        inventory=six_proxies, cooldown_seconds=0, lease_ttl_seconds=300, lease_share=0.5, lease_rate=1000.0
+    )
+    with Site() as site:
+        urls = [site.url(f"/ok?page={i}") for i in range(12)]
+        result = crawl(api, urls, CONCURRENT_REQUESTS=6, CONCURRENT_REQUESTS_PER_DOMAIN=6)
+    assert result["failures"] == []
+    assert sorted(p["url"] for p in result["pages"]) == sorted(urls)
+    with api.client() as http:
+        text = http.get("/metrics").text
+    assert metric(text, 'proxy_operator_lease_requests_total{outcome="lease_share"}') > 0
+    assert metric(text, "proxy_operator_leased_proxies_total") == 12
