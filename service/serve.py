@@ -31,6 +31,7 @@ from service.discovery.store import Store
 from service.health.engine import HealthEngine, HealthTransition
 from service.health.metrics import HealthMetrics
 from service.health.probe import ProxyProber
+from service.health.readiness import leases_not_ready
 from service.health.thresholds import Thresholds
 from service.incluster import ClusterMode
 from service.inventory import Inventory
@@ -155,7 +156,7 @@ def _assemble(
         registry=registry,
         stack_inspector=StackInspector(controller.engine),
         status_board=controller.status,
-        ready_checks=(_loop_check(controller), prober.ready),
+        ready_checks=(_loop_check(controller), prober.ready, _leases_check(inventory)),
         deletions=controller,
     )
     config = uvicorn.Config(
@@ -252,6 +253,13 @@ def _probe_host(settings: OperatorSettings) -> str:
 def _loop_check(controller: Controller | ClusterMode) -> Callable[[], Awaitable[str | None]]:
     async def check() -> str | None:
         return controller.loop_error
+
+    return check
+
+
+def _leases_check(inventory: Inventory) -> Callable[[], Awaitable[str | None]]:
+    async def check() -> str | None:
+        return leases_not_ready(inventory)
 
     return check
 

@@ -70,6 +70,10 @@ class MemoryHoldings:
         bans = self._banned.setdefault(client, {})
         bans[proxy] = max(bans.get(proxy, 0.0), until)
 
+    def active(self, client: str, *, now: float) -> list[str]:
+        """The ids of the client's leases that run now."""
+        return [lid for lid, (_, end) in self._active.get(client, {}).items() if end > now]
+
     def bucket(self, client: str) -> float:
         return self._tat.get(client, 0.0)
 

@@ -316,6 +316,11 @@ class MemoryStore:
         with self._lock:
             self._sessions[(client, session)] = (proxy, now + idle)
 
+    async def active_leases(self, client: str, *, now: float) -> list[LeaseRecord]:
+        with self._lock:
+            found = [self._get(lease_id) for lease_id in self._holdings.active(client, now=now)]
+        return [lease for lease in found if lease is not None and not lease.released]
+
     async def ping(self) -> bool:
         return True
 

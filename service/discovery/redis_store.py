@@ -297,6 +297,11 @@ class RedisStore:
         keys = [self._session_key(client, session)]
         await self._run(self._bind, keys=keys, args=[proxy, _f(now + idle), str(int((idle + 60) * 1000))])
 
+    async def active_leases(self, client: str, *, now: float) -> list[LeaseRecord]:
+        ids = cast(list[str], await self._r.zrangebyscore(self._act_key(client), f"({_f(now)}", "+inf"))
+        found = [await self.get_lease(lease_id, now=now) for lease_id in ids]
+        return [lease for lease in found if lease is not None and not lease.released]
+
     async def ping(self) -> bool:
         try:
             return bool(await self._r.ping())

@@ -221,10 +221,29 @@ class DiscoveryService:
                 reason="no_candidates",
                 retry_after=self._no_candidate_retry,
             )
-        raise NoProxyAvailable(
-            f"every matching proxy is cooling down or banned for {query.target}",
-            reason="all_cooling_down",
-            retry_after=max(acquired.earliest - now, 0.0),
+        message, retry_after = await self._cooling_down(query, pool, earliest=acquired.earliest, now=now)
+        raise NoProxyAvailable(message, reason="all_cooling_down", retry_after=retry_after)
+
+    async def _cooling_down(
+        self, query: LeaseQuery, pool: Collection[str], *, earliest: float, now: float
+    ) -> tuple[str, float]:
+        """What a 503 `all_cooling_down` says, and its Retry-After. When the earliest proxy is one the
+        client holds itself (a lease it has not released yet), Retry-After counts its release: then that
+        proxy is eligible once the cooldown from its hand-out is over, which is usually at once."""
+        message = f"every matching proxy is cooling down or banned for {query.target}"
+        own = [
+            lease
+            for lease in await self.store.active_leases(query.client, now=now)
+            if lease.target == query.target and lease.proxy in pool
+        ]
+        if not own or min(lease.expires_at for lease in own) > earliest + 1e-6:
+            return message, max(earliest - now, 0.0)
+        cooldown = self.settings.cooldown_seconds
+        released = max(min(lease.handed_at for lease in own) + cooldown - now, 0.0)
+        return (
+            f"{message}; {len(own)} of them held by your own leases: Retry-After counts one being released "
+            f"now (without a release, the first is free in {max(earliest - now, 0.0):.0f} s)",
+            released,
         )
 
     def _limited(self, query: LeaseQuery, share: FairShare, limited: Limited, *, now: float) -> LeaseLimited:

@@ -1,6 +1,7 @@
 """The health engine: a `prober` task that probes every addressed proxy once per interval, with jitter.
 
-Each proxy has its own due time (spread uniformly over the first interval, then interval +/- jitter), kept in
+Each proxy has its own due time (its first probe within a second, or spread at 1000 a second over at most one
+interval when many arrive at once; then every interval +/- jitter), kept in
 a heap; at most `concurrency` probes are in flight. Every result feeds the metrics; only state transitions
 reach `on_transition` (the lead wires it to Proxy status and events).
 """
@@ -25,6 +26,8 @@ from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 
 log = logging.getLogger(__name__)
 MAX_IDLE_SLEEP = 0.5  # re-read the inventory at least this often
+FIRST_SPREAD_SECONDS = 1.0  # new proxies are first probed within this long (a few of them) ...
+FIRST_PROBES_PER_SECOND = 1000.0  # ... or at this rate (a whole fleet at start), within one interval
 
 
 @dataclass(frozen=True)
@@ -160,10 +163,17 @@ class HealthEngine:
             return
         self._seen_version = self._inventory.version
         now = self._clock()
-        for endpoint in self._inventory.endpoints():
-            if endpoint.has_address and endpoint.key not in self._scheduled:
-                self._scheduled.add(endpoint.key)
-                heapq.heappush(self._due, (now + self._rng.uniform(0, self._interval), endpoint.key))
+        new = [
+            endpoint.key
+            for endpoint in self._inventory.endpoints()
+            if endpoint.has_address and endpoint.key not in self._scheduled
+        ]
+        # First probes soon (a proxy is never leased before one), spread at FIRST_PROBES_PER_SECOND so a
+        # start with the whole fleet new does not probe it all at once: at most one interval.
+        spread = min(self._interval, max(FIRST_SPREAD_SECONDS, len(new) / FIRST_PROBES_PER_SECOND))
+        for key in new:
+            self._scheduled.add(key)
+            heapq.heappush(self._due, (now + self._rng.uniform(0, spread), key))
 
     async def _start_due(self) -> None:
         now = self._clock()

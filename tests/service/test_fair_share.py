@@ -153,3 +153,23 @@ def test_a_token_s_own_share_overrides_the_server_s(start_api: ApiFactory) -> No
     with api.client() as client:
         assert len(_keys(_lease(client, "owner", target=SHOP, count=4))) == 4  # leaseShare: 1
         assert len(_keys(_lease(client, "crawler-a", target=SHOP, count=4))) == 2
+
+
+def test_retry_after_counts_the_release_of_the_client_s_own_lease(start_api: ApiFactory) -> None:
+    """Before: Retry-After was the lease's lifetime (60 s) when the client's own in-flight lease held the
+    only proxy, though its release milliseconds later made the proxy eligible again at once."""
+    clock = FakeClock()
+    api = start_api(inventory=healthy_inventory(["a"]), clock=clock, cooldown_seconds=2, lease_ttl_seconds=60)
+    with api.client() as client:
+        lease_id = _ids(_lease(client, "crawler-a", target=SHOP))[0]
+        busy = _lease(client, "crawler-a", target=SHOP)
+        body = _refused(busy, 503, "all_cooling_down")
+        assert busy.headers["Retry-After"] == "2"  # the cooldown from its hand-out, not the 60 s lease
+        assert "held by your own leases" in body["detail"]
+        other = _lease(client, "crawler-b", target=SHOP)  # another client's hold is not its to release
+        assert _keys(other) == ["default/a"]
+        assert client.delete(f"/v1/leases/{lease_id}", headers=auth("crawler-a")).status_code == 204
+        clock.advance(2)
+        assert _keys(_lease(client, "crawler-a", target=SHOP)) == ["default/a"]
+        again = _lease(client, "crawler-b", target=SHOP)  # its own lease, its cooldown over: free on release
+        assert again.headers["Retry-After"] == "1"
