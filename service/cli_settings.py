@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from automation.engine.config import PulumiNotFoundError
-from service.config import OperatorSettings
+from service.config import FolderOverlap, OperatorSettings
 from service.kube.client import KubeClientError
 from service.kube.settings import KubeSettings
 from service.serve import ListenError
@@ -53,7 +53,7 @@ def setup_errors(*, given: Collection[str] = ()) -> Iterator[None]:
     except ListenError as exc:
         typer.echo(f"error: --host/--port: {exc}", err=True)
         raise typer.Exit(USAGE_ERROR) from None
-    except KubeClientError as exc:
+    except (KubeClientError, FolderOverlap) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(USAGE_ERROR) from None
 

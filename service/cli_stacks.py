@@ -16,7 +16,7 @@ from automation.preview import DesiredState, applied_in_backend, preview
 from automation.preview_model import PreviewReport
 from automation.preview_render import render_json, render_markdown, render_text
 from service.cli_settings import command_settings, setup_errors
-from service.config import OperatorSettings
+from service.config import OperatorSettings, check_folders
 from service.pools.preview import declared, expand_for_preview
 from service.sources.directory import DirectorySource
 from service.validate import validate_manifests
@@ -37,6 +37,7 @@ def preview_manifests(
 ) -> PreviewReport:
     """Load a (validated) manifests folder, its ProxyPools expanded into children over what the backend
     applied, and preview the stacks it would change."""
+    check_folders(settings, manifests)
     engine = Engine(settings.engine_config())
     source, read, pools = expand_for_preview(DirectorySource(manifests), applied=applied_in_backend(engine))
     desired = DesiredState(

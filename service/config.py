@@ -20,6 +20,22 @@ from automation.engine.config import find_pulumi
 from service.settings import DiscoverySettings, HealthSettings
 
 
+class FolderOverlap(ValueError):
+    """The state folder lies inside the manifests folder: its files would be read as manifests, and
+    emptying the manifests folder would delete the passphrase and the backend."""
+
+
+def check_folders(settings: OperatorSettings, manifests: Path) -> None:
+    """Refuse a `--state-dir` inside the `--manifests` folder (FolderOverlap, saying how to fix it)."""
+    state, folder = settings.state_dir.resolve(), manifests.resolve()
+    if state == folder or folder in state.parents:
+        raise FolderOverlap(
+            f"--state-dir {settings.state_dir} is inside --manifests {manifests}: its files would be read "
+            "as manifests, and emptying that folder would delete the state (the passphrase, the backend); "
+            "give a state folder outside it"
+        )
+
+
 class OperatorSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="PROXY_OPERATOR_", extra="forbid")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from automation.engine import Engine
 from automation.queue_state import QueueState
-from service.config import OperatorSettings
+from service.config import OperatorSettings, check_folders
 from service.controller import Controller
 from service.inventory import Inventory
 from service.pools.wiring import pooled_directory
@@ -56,6 +56,7 @@ def build_controller(
 ) -> Controller:
     # ProxyPools expand into child Proxies between the folder and the controller (service/pools); given the
     # serving inventory they also rotate and replace children from its health.
+    check_folders(settings, manifests)
     source = pooled_directory(DirectorySource(manifests), inventory=inventory)
     controller = Controller(
         settings=settings,

@@ -38,3 +38,18 @@ def test_up_refuses_a_missing_folder(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["up", "--manifests", str(tmp_path / "absent")], env={"COLUMNS": "300"})
     assert result.exit_code == 2
     assert "does not exist" in result.output
+
+
+def test_up_refuses_a_state_folder_inside_the_manifests_folder(tmp_path: Path) -> None:
+    """Before: `.state` under the manifests folder was read as manifests (its YAML files, its backend), and
+    emptying the manifests folder deleted the passphrase."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    result = CliRunner().invoke(
+        app,
+        ["up", "--manifests", str(manifests), "--state-dir", str(manifests / ".state")],
+        env={"COLUMNS": "300"},
+    )
+    assert result.exit_code == 2, result.output
+    assert "is inside --manifests" in result.output
+    assert not (manifests / ".state").exists()  # nothing written there
