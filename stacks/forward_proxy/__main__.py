@@ -1,4 +1,8 @@
-"""`python -m stacks.forward_proxy CONFIG.json`: serve until SIGTERM."""
+"""`python -m stacks.forward_proxy CONFIG.json`: serve until SIGTERM.
+
+Each accepted connection is judged in this order: an allowed source (else closed without a word), room
+under the per-source and total caps (else refused by the protocol: 429 / 503 for HTTP), then its handler.
+"""
 
 from __future__ import annotations
 
@@ -12,21 +16,47 @@ from pathlib import Path
 
 from stacks.forward_proxy import control, http, socks
 from stacks.forward_proxy.config import ProxyConfig
+from stacks.forward_proxy.connection import Connection, Shared, linger
+from stacks.forward_proxy.occupancy import Occupancy, fit_descriptors, source_of
+from stacks.forward_proxy.tethers import Tethers
 from stacks.forward_proxy.users import Gate, LeaseUsers
 
 
-async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: Gate) -> None:
-    handler = socks.handle if gate.config.protocol == "socks5" else http.handle
+async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shared: Shared) -> None:
+    protocol = socks if shared.gate.config.protocol == "socks5" else http
+    peer = writer.get_extra_info("peername")
+    if not peer or not shared.gate.config.admits(peer[0]):
+        writer.close()  # not an allowed source: closed without a word
+        return
+    source = source_of(peer[0])
+    full = shared.occupancy.enter(source)
+    if full is not None:
+        protocol.refuse(writer, full)
+        linger(writer)
+        return
+    connection = Connection(reader, writer, shared)
     try:
-        peer = writer.get_extra_info("peername")
-        if not peer or not gate.config.admits(peer[0]):
-            return  # not an allowed source: closed without a word
-        await handler(reader, writer, gate)
+        await protocol.handle(connection)
         await writer.drain()
     except (ConnectionError, OSError, asyncio.IncompleteReadError, UnicodeError):
         pass  # the client went away or spoke nonsense: nothing to answer
+    except asyncio.CancelledError:
+        pass  # the proxy stops; ended, not cancelled: Python 3.11 logs a traceback per cancelled session
     finally:
-        writer.close()
+        connection.close()
+        shared.occupancy.leave(source)
+
+
+def _shared(config: ProxyConfig) -> Shared:
+    users = LeaseUsers()
+    total = fit_descriptors(config.limits.total)
+    if total < config.limits.total:
+        print(f"at most {total} connections: the descriptor limit allows no more", flush=True)
+    return Shared(
+        gate=Gate(config=config, users=users),
+        tethers=Tethers(users),
+        occupancy=Occupancy(per_source=config.limits.per_source, total=total),
+    )
 
 
 async def _control(config: ProxyConfig, users: LeaseUsers) -> asyncio.Server | None:
@@ -39,10 +69,10 @@ async def _control(config: ProxyConfig, users: LeaseUsers) -> asyncio.Server | N
 
 
 async def serve(config: ProxyConfig) -> None:
-    gate = Gate(config=config, users=LeaseUsers())
-    channel = await _control(config, gate.users)  # before the proxy listens: ready means both are
+    shared = _shared(config)
+    channel = await _control(config, shared.gate.users)  # before the proxy listens: ready means both are
     server = await asyncio.start_server(
-        partial(_session, gate=gate), config.bind, config.port, limit=http.MAX_HEAD, reuse_address=True
+        partial(_session, shared=shared), config.bind, config.port, limit=http.MAX_HEAD, reuse_address=True
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

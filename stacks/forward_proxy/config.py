@@ -2,21 +2,58 @@
 
 {"bind": "127.0.0.1", "port": 3128, "protocol": "http"|"socks5", "username": ..., "password": ...,
  "egress": {spec.egress by alias},
- "sources": [allowedSourceRanges], "control": "/state/dir/STEM.ctl" | null}; no username means no
-authentication. `control` is where the proxy listens for lease users (control.py); null: no lease users.
+ "sources": [allowedSourceRanges], "control": "/state/dir/STEM.ctl" | null,
+ "limits": {"head_seconds": 10, "handshake_seconds": 10, "idle_seconds": 300, "per_source": 256,
+            "total": 1024}}; no username means no authentication. `control` is where the proxy listens for
+lease users (control.py); null: no lease users. `limits` and each of its keys are optional (`Limits` says
+what each bounds); a file written before they existed keeps working with the defaults.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import math
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from stacks.egress import canonical
 from stacks.models import EgressSpec
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one client may hold of the proxy before authenticating, while idle, and at once: without them
+    anyone inside the allowed sources could hold its file descriptors with connections that say nothing."""
+
+    head_seconds: float = 10.0  # from accept to the end of an HTTP request head (408 past it)
+    handshake_seconds: float = 10.0  # from accept to the end of a SOCKS5 request (greeting, login, request)
+    idle_seconds: float = 300.0  # a relay with no byte read either way for this long is closed on both sides
+    per_source: int = 256  # connections open at once from one address (IPv6: one /64); past it 429
+    total: int = 1024  # connections open at once in all (lowered to what the descriptor limit allows); 503
+
+    def __post_init__(self) -> None:
+        for name in ("head_seconds", "handshake_seconds", "idle_seconds"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ValueError(f"limits.{name}: a number of seconds, not {value!r}")
+            if value <= 0:
+                raise ValueError(f"limits.{name}: more than 0 seconds, not {value!r}")
+        for name in ("per_source", "total"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"limits.{name}: a whole number of connections, at least 1, not {value!r}")
+
+    @classmethod
+    def from_json(cls, raw: object) -> Limits:
+        if not isinstance(raw, dict):
+            raise ValueError(f"limits: an object, not {raw!r}")
+        known = {f.name for f in fields(cls)}
+        if unknown := set(raw) - known:
+            raise ValueError(f"limits: unknown keys {sorted(unknown)}")
+        return cls(**raw)
 
 
 @dataclass(frozen=True)
@@ -29,6 +66,7 @@ class ProxyConfig:
     username: str | None = None
     password: str | None = None
     control: str | None = None  # the control socket's path
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def read(cls, path: Path) -> ProxyConfig:
@@ -42,6 +80,7 @@ class ProxyConfig:
             username=raw.get("username") or None,
             password=raw.get("password") or None,
             control=raw.get("control") or None,
+            limits=Limits.from_json(raw.get("limits") or {}),
         )
 
     def admits(self, peer: str) -> bool:
@@ -61,6 +100,7 @@ class ProxyConfig:
             "username": self.username,
             "password": self.password,
             "control": self.control,
+            "limits": asdict(self.limits),
         }
 
     def write(self, path: Path) -> None:

@@ -1,7 +1,7 @@
 """Resolve a destination, judge each address with the egress policy, connect to an allowed one.
 
 Failures are `DialError`s that carry what each protocol answers: the HTTP status, the RFC 9209 error
-token, and the SOCKS5 reply code.
+token, and the SOCKS5 reply code. A port outside 1..65535 is refused before anything is resolved.
 """
 
 from __future__ import annotations
@@ -39,8 +39,14 @@ async def _resolve(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+def valid_port(port: int) -> bool:
+    return 0 < port < 65536
+
+
 async def dial(host: str, port: int, policy: EgressSpec) -> Streams:
     """An open connection to `host`:`port` on an address the policy allows, else a DialError."""
+    if not valid_port(port):
+        raise DialError(400, "http_request_error", 0x01, f"{port} is no port (1 to 65535)")
     addresses = await _resolve(host.strip("[]"), port)
     allowed = [address for address in addresses if decide(policy, address, port).allowed]
     if not allowed:
@@ -58,23 +64,3 @@ async def dial(host: str, port: int, policy: EgressSpec) -> Streams:
             last = DialError(502, "destination_unavailable", 0x04, f"{host}:{port}: {exc.strerror or exc}")
     assert last is not None
     raise last
-
-
-async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(65536):
-            writer.write(data)
-            await writer.drain()
-        if writer.can_write_eof():
-            writer.write_eof()
-    except (ConnectionError, OSError):
-        writer.close()
-
-
-async def relay(client: Streams, upstream: Streams) -> None:
-    """Copy both ways until both sides are done (half-closes passed on), then close both."""
-    try:
-        await asyncio.gather(_copy(client[0], upstream[1]), _copy(upstream[0], client[1]))
-    finally:
-        for writer in (client[1], upstream[1]):
-            writer.close()

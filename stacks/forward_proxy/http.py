@@ -1,4 +1,8 @@
-"""HTTP proxying: absolute-form requests forwarded over a fresh connection, CONNECT tunnels, Basic auth."""
+"""HTTP proxying: absolute-form requests forwarded over a fresh connection, CONNECT tunnels, Basic auth.
+
+The request head must be complete within `limits.head_seconds` of the accept (else 408 and closed), and a
+port outside 1..65535 (or not a plain decimal number) is a 400 before anything is resolved.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,19 @@ import asyncio
 import base64
 import binascii
 import ipaddress
+import re
 
-from stacks.forward_proxy.config import ProxyConfig
-from stacks.forward_proxy.dial import DialError, Streams, dial, relay
-from stacks.forward_proxy.users import Gate
+from stacks.forward_proxy.connection import Connection
+from stacks.forward_proxy.dial import DialError, Streams, valid_port
+from stacks.forward_proxy.occupancy import Full
 
 PROXY_NAME = "proxy-operator"
 MAX_HEAD = 64 * 1024
 REASONS = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required", 502: "Bad Gateway"}
-REASONS |= {504: "Gateway Timeout", 431: "Request Header Fields Too Large"}
+REASONS |= {504: "Gateway Timeout", 431: "Request Header Fields Too Large", 408: "Request Timeout"}
+REASONS |= {429: "Too Many Requests", 503: "Service Unavailable"}
+FULL = {Full.SOURCE: (429, "too many connections from this address"), Full.TOTAL: (503, "proxy full")}
+PORT = re.compile(r"[0-9]{1,5}")
 # Hop-by-hop headers and our own credentials never travel on to the site.
 DROPPED = {"proxy-authorization", "proxy-connection", "connection", "keep-alive", "te", "upgrade"}
 
@@ -33,8 +41,14 @@ def _reply(writer: asyncio.StreamWriter, status: int, headers: dict[str, str] | 
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
 
 
-def _authorized(headers: list[tuple[str, str]], gate: Gate) -> bool:
-    if gate.open:
+def refuse(writer: asyncio.StreamWriter, full: Full) -> None:
+    """A connection past a cap: answered at once, without reading its request."""
+    status, detail = FULL[full]
+    _reply(writer, status, {"Proxy-Status": proxy_status("connection_limit_reached", detail)})
+
+
+def _authorized(headers: list[tuple[str, str]], conn: Connection) -> bool:
+    if conn.open:
         return True
     for name, value in headers:
         scheme, _, token = value.partition(" ")
@@ -44,13 +58,14 @@ def _authorized(headers: list[tuple[str, str]], gate: Gate) -> bool:
             except (binascii.Error, ValueError):
                 return False
             user, _, password = given.partition(b":")
-            return gate.admits(user, password)
+            return conn.login(user, password)
     return False
 
 
 def _host_port(authority: str, default: int) -> tuple[str, int]:
     """`host:port`, `[v6]:port` or a bare host; a bare IPv6 address (sent unbracketed by some clients) is
-    read whole when it parses whole, else up to its last colon."""
+    read whole when it parses whole, else up to its last colon. A ValueError without a host, or with a port
+    that is not 1 to 65535 in decimal digits (`int` would take `+80`, `8_0`, `-1` and 99999)."""
     if authority.count(":") > 1 and not authority.startswith("["):
         try:
             return str(ipaddress.IPv6Address(authority)), default
@@ -58,18 +73,18 @@ def _host_port(authority: str, default: int) -> tuple[str, int]:
             pass
     host, sep, port = authority.rpartition(":")
     if not sep:
-        return authority, default
+        host, port = authority, str(default)
+    if not host.strip("[]") or not PORT.fullmatch(port) or not valid_port(int(port)):
+        raise ValueError(authority)
     return host, int(port)
 
 
-async def _dial_or_reply(
-    writer: asyncio.StreamWriter, host: str, port: int, config: ProxyConfig
-) -> Streams | None:
+async def _dial_or_reply(conn: Connection, host: str, port: int) -> Streams | None:
     try:
-        return await dial(host, port, config.egress)
+        return await conn.dial(host, port)
     except DialError as exc:
         print(f"refused {host}:{port}: {exc}", flush=True)
-        _reply(writer, exc.status, {"Proxy-Status": proxy_status(exc.error, exc.detail)})
+        _reply(conn.writer, exc.status, {"Proxy-Status": proxy_status(exc.error, exc.detail)})
         return None
 
 
@@ -82,37 +97,43 @@ def _split_target(target: str) -> tuple[str, int, str]:
         raise ValueError(target)
     authority, _, path = rest.partition("/")
     host, port = _host_port(authority.rpartition("@")[2], 80)
-    if not host:
-        raise ValueError(target)
     return host, port, "/" + path
 
 
-async def _forward(
-    client: Streams, request: tuple[str, str, str], headers: list[tuple[str, str]], config: ProxyConfig
-) -> None:
+async def _forward(conn: Connection, request: tuple[str, str, str], headers: list[tuple[str, str]]) -> None:
     method, target, version = request
     try:
         host, port, path = _split_target(target)
     except ValueError:
-        _reply(client[1], 400)
+        _reply(conn.writer, 400)
         return
-    upstream = await _dial_or_reply(client[1], host, port, config)
+    upstream = await _dial_or_reply(conn, host, port)
     if upstream is None:
         return
     kept = [f"{name}: {value}" for name, value in headers if name.lower() not in DROPPED]
     head = "\r\n".join([f"{method} {path} {version}", *kept, "Connection: close"]) + "\r\n\r\n"
     upstream[1].write(head.encode("latin-1"))
-    await relay(client, upstream)
+    await conn.relay(upstream)
 
 
-async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: Gate) -> None:
-    config = gate.config
+async def _head(conn: Connection) -> bytes | None:
+    """The request head, or None once answered (too large, too late) or when the client left first."""
     try:
-        head = await reader.readuntil(b"\r\n\r\n")
+        async with asyncio.timeout(conn.config.limits.head_seconds):
+            return await conn.reader.readuntil(b"\r\n\r\n")
     except asyncio.LimitOverrunError:
-        _reply(writer, 431)
-        return
+        _reply(conn.writer, 431)
+    except TimeoutError:
+        _reply(conn.writer, 408)
     except asyncio.IncompleteReadError:
+        pass
+    return None
+
+
+async def handle(conn: Connection) -> None:
+    writer = conn.writer
+    head = await _head(conn)
+    if head is None:
         return
     request, *header_lines = head.decode("latin-1").split("\r\n")
     method, _, rest = request.partition(" ")
@@ -121,18 +142,18 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gat
     if not version.startswith("HTTP/"):
         _reply(writer, 400)
         return
-    if not _authorized(headers, gate):
+    if not _authorized(headers, conn):
         _reply(writer, 407, {"Proxy-Authenticate": 'Basic realm="proxy"'})
         return
     if method.upper() != "CONNECT":
-        await _forward((reader, writer), (method, target, version), headers, config)
+        await _forward(conn, (method, target, version), headers)
         return
     try:
         host, port = _host_port(target, 443)
     except ValueError:
         _reply(writer, 400)
         return
-    upstream = await _dial_or_reply(writer, host, port, config)
+    upstream = await _dial_or_reply(conn, host, port)
     if upstream is not None:
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-        await relay((reader, writer), upstream)
+        await conn.relay(upstream)

@@ -5,10 +5,14 @@ end: past it the user no longer authenticates, whether or not a revoke arrives, 
 access alive. Passwords are kept as SHA-256 digests: they are 128-bit random strings, so a slow hash would
 add nothing but cost per request. Deadlines run on the monotonic clock: no agreement with the service's
 wall clock is needed (the service sends a ttl, not a date).
+
+A user's end and its revoke also reach the connections it opened: every change of a user is told to the
+`watcher` (`tethers.Tethers`, which cuts them), and `Gate.login` says which kind of user logged in.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import hmac
 import time
@@ -28,9 +32,14 @@ def _digest(password: bytes) -> bytes:
     return hashlib.sha256(password).digest()
 
 
+def _unwatched(user: bytes) -> None:
+    pass
+
+
 @dataclass
 class LeaseUsers:
     clock: Callable[[], float] = time.monotonic
+    watcher: Callable[[bytes], None] = _unwatched  # told each user added, renewed or revoked
     _users: dict[bytes, tuple[bytes, float]] = field(default_factory=dict)
 
     def add(self, user: str, password: str, *, ttl: float) -> None:
@@ -39,7 +48,9 @@ class LeaseUsers:
             self._purge()
             if len(self._users) >= MAX_USERS:
                 raise UsersFull(f"{MAX_USERS} lease users are live")
-        self._users[user.encode()] = (_digest(password.encode()), self.clock() + ttl)
+        key = user.encode()
+        self._users[key] = (_digest(password.encode()), self.clock() + ttl)
+        self.watcher(key)
 
     def renew(self, user: str, *, ttl: float) -> bool:
         """Move a live user's end to `ttl` seconds from now; False when it is unknown or already ended."""
@@ -49,10 +60,20 @@ class LeaseUsers:
             self._users.pop(key, None)
             return False
         self._users[key] = (entry[0], self.clock() + ttl)
+        self.watcher(key)
         return True
 
     def revoke(self, user: str) -> None:
-        self._users.pop(user.encode(), None)  # idempotent: a retried revoke is no error
+        key = user.encode()
+        self._users.pop(key, None)  # idempotent: a retried revoke is no error
+        self.watcher(key)
+
+    def end(self, user: bytes) -> float | None:
+        """When a live user ends (on `clock`); None when it is unknown, revoked or already ended."""
+        entry = self._users.get(user)
+        if entry is None or entry[1] <= self.clock():
+            return None
+        return entry[1]
 
     def check(self, user: bytes, password: bytes) -> bool:
         entry = self._users.get(user)
@@ -72,6 +93,15 @@ class LeaseUsers:
             del self._users[user]
 
 
+class Login(enum.Enum):
+    """Who a login turned out to be: what decides whether its connection follows a lease."""
+
+    REFUSED = "refused"
+    OPEN = "open"  # no authentication at all
+    STATIC = "static"  # the proxy's own credentials (the prober's, the operators'): never cut
+    LEASE = "lease"  # a lease user: its connections end with it
+
+
 @dataclass(frozen=True)
 class Gate:
     """The one authentication decision, shared by HTTP Basic and SOCKS5 user/password."""
@@ -84,9 +114,12 @@ class Gate:
         """No static credentials: no authentication at all (loopback only, see the model's rules)."""
         return self.config.username is None
 
-    def admits(self, user: bytes, password: bytes) -> bool:
+    def login(self, user: bytes, password: bytes) -> Login:
         if self.open:
-            return True
+            return Login.OPEN
         expected = f"{self.config.username}:{self.config.password}".encode()
         static = hmac.compare_digest(user + b":" + password, expected)
-        return self.users.check(user, password) or static
+        lease = self.users.check(user, password)
+        if static:
+            return Login.STATIC
+        return Login.LEASE if lease else Login.REFUSED

@@ -8,6 +8,10 @@ A proxy with credentials also listens on a control socket in the state folder (`
 the discovery service adds and revokes per-lease users at run time (`stacks/forward_proxy/control.py`); its
 path is the endpoint's `control` output.
 
+The proxy's limits (deadlines for a request head and a SOCKS5 handshake, the relay idle limit, connection
+caps per source and in all) are the defaults of `stacks/forward_proxy/config.py`: the Proxy spec has no
+field for them, so the config file carries the defaults.
+
 `read` reports the resource gone when the process died (or its pid now belongs to someone else), so
 `refresh` drops it from state and the next `up` starts it again. A change of port, protocol, bind address or
 credentials replaces the process (stop first: the new one wants the same port).
