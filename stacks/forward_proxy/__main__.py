@@ -1,4 +1,5 @@
-"""`python -m stacks.forward_proxy CONFIG.json`: serve until SIGTERM.
+"""`python -m stacks.forward_proxy CONFIG.json`: serve until SIGTERM; SIGHUP applies an edited CONFIG.json in
+place where it can (`reload.py`).
 
 Each accepted connection is judged in this order: an allowed source (else closed without a word), room
 under the per-source and total caps (else refused by the protocol: 429 / 503 for HTTP), then its handler.
@@ -18,6 +19,7 @@ from stacks.forward_proxy import control, http, socks
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.connection import Connection, Shared, linger
 from stacks.forward_proxy.occupancy import Occupancy, fit_descriptors, source_of
+from stacks.forward_proxy.reload import reload
 from stacks.forward_proxy.tethers import Tethers
 from stacks.forward_proxy.users import Gate, LeaseUsers
 
@@ -68,7 +70,13 @@ async def _control(config: ProxyConfig, users: LeaseUsers) -> asyncio.Server | N
     return server
 
 
-async def serve(config: ProxyConfig) -> None:
+def _reload(shared: Shared, config_file: Path) -> None:
+    config = reload(shared.gate.config, config_file)
+    if config is not shared.gate.config:
+        shared.gate = Gate(config=config, users=shared.gate.users)
+
+
+async def serve(config: ProxyConfig, config_file: Path | None = None) -> None:
     shared = _shared(config)
     channel = await _control(config, shared.gate.users)  # before the proxy listens: ready means both are
     server = await asyncio.start_server(
@@ -78,6 +86,8 @@ async def serve(config: ProxyConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if config_file is not None:  # an edit the `local` provider applies in place
+        loop.add_signal_handler(signal.SIGHUP, _reload, shared, config_file)
     try:
         async with server:
             print(f"listening on {config.bind}:{config.port} ({config.protocol})", flush=True)
@@ -90,9 +100,10 @@ async def serve(config: ProxyConfig) -> None:
 
 
 def main(argv: list[str]) -> None:
-    config = ProxyConfig.read(Path(argv[1]))
+    config_file = Path(argv[1])
+    config = ProxyConfig.read(config_file)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, config_file))
 
 
 if __name__ == "__main__":

@@ -70,7 +70,11 @@ class ProxyConfig:
 
     @classmethod
     def read(cls, path: Path) -> ProxyConfig:
-        raw = json.loads(path.read_text())
+        return cls.parse(path.read_bytes())
+
+    @classmethod
+    def parse(cls, data: bytes) -> ProxyConfig:
+        raw = json.loads(data)
         return cls(
             bind=raw["bind"],
             port=int(raw["port"]),

@@ -26,10 +26,11 @@ from stacks.forward_proxy.users import Gate, Login
 LINGER = 10.0  # seconds a closed connection may take to hand its last bytes to a slow reader
 
 
-@dataclass(frozen=True)
+@dataclass
 class Shared:
     """What every connection of one proxy shares: who may log in, whose connections follow which lease
-    user, and how many are open."""
+    user, and how many are open. `gate` is replaced when an edited configuration is applied in place
+    (`reload.py`); a connection reads it at each step, so what it judges next follows the edit."""
 
     gate: Gate
     tethers: Tethers
