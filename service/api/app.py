@@ -17,6 +17,7 @@ from service.api.fast_lease import LeaseFastPath
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
 from service.api.models import LeaseBody
+from service.api.pacing import ClientPacing
 from service.api.query_guard import refuse_unknown_query
 from service.api.routers import deletions as deletions_router
 from service.api.routers import echo, leases, probes, proxies, reports, stacks, status, whoami
@@ -91,6 +92,7 @@ def create_app(
         body_model=LeaseBody,
         error_handlers=app.exception_handlers,
     )
+    app.add_middleware(ClientPacing)  # after BodyGuard named the client, before any lease work
     app.add_middleware(  # outside the fast path, which reads the body too
         BodyGuard, authenticator=authenticator, limit=discovery.settings.max_body_bytes
     )

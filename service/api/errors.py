@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.api.middleware import request_id_of
+from service.api.pacing import STATE_PACE
 from service.discovery.errors import (
     DiscoveryError,
     InvalidRequest,
@@ -103,6 +104,8 @@ async def _discovery_error(request: Request, exc: DiscoveryError) -> JSONRespons
     headers = None
     if isinstance(exc, NoProxyAvailable | TooManyReports | LeaseLimited):
         headers = {"Retry-After": retry_after(exc.retry_after)}
+    if isinstance(exc, TooManyReports) or (isinstance(exc, LeaseLimited) and exc.reason == "lease_rate"):
+        request.scope.setdefault("state", {})[STATE_PACE] = exc.retry_after  # the client's own limit
     return error_response(request, status=status, reason=exc.reason, detail=str(exc), headers=headers)
 
 

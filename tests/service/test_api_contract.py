@@ -92,7 +92,8 @@ def test_renew_extends_a_lease_and_its_hold_within_the_limit(start_api: ApiFacto
         assert body["lowered"] == {}
         api.clock.advance(100)  # past the first end (60 s): still held for this client and target
         held = client.post(LEASE, json={"target": "t.example"}, headers=auth("crawler-a"))
-        assert (held.status_code, held.headers["Retry-After"]) == (503, "200")
+        assert (held.status_code, held.headers["Retry-After"]) == (503, "1")  # its own: free on release
+        assert "free in 200 s" in held.json()["detail"]
         capped = renew(client, lease_id, ttl=99999).json()
         assert _expires(capped) == api.clock.now + 600  # never past lease_ttl_max_seconds from now
         assert capped["lowered"] == {"ttl": 600}

@@ -97,7 +97,8 @@ def test_a_held_lease_blocks_until_released_then_cooldown_applies(start_api: Api
         clock.advance(20)
         held = lease(client, target="t.example")
         assert held.status_code == 503
-        assert held.headers["Retry-After"] == "280"
+        assert held.headers["Retry-After"] == "1"  # its own lease: released now, it is eligible at once
+        assert "without a release, the first is free in 280 s" in held.json()["detail"]
         assert client.delete(f"{LEASE}/{lease_id}", headers=auth("crawler-a")).status_code == 204
         assert lease(client, target="t.example").status_code == 200  # hand-out + 10 s is past
 
@@ -351,7 +352,8 @@ def test_wait_ends_in_503_when_nothing_frees(start_api: ApiFactory) -> None:
         assert lease(client, target="t.example").status_code == 200
         refused = lease(client, target="t.example", wait=0.2)
     assert refused.status_code == 503
-    assert refused.headers["Retry-After"] == "60"  # held for the default ttl of 60 s
+    assert refused.headers["Retry-After"] == "50"  # the cooldown, counting its own release
+    assert "free in 60 s" in refused.json()["detail"]  # without one: held for the default ttl of 60 s
 
 
 def test_no_healthy_candidate_is_503_with_the_probe_interval(start_api: ApiFactory) -> None:
