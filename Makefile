@@ -22,12 +22,12 @@ system-deps: ## Python 3.11 with venv, from Debian's packages when missing (apt-
 test-deps: ## what the tests start or call: redis-server, pgrep, ssh-keygen, openssl (as system-deps)
 	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh test
 
-venv: $(STAMP) ## the virtual environment, from requirements.lock
+venv: $(STAMP) ## the virtual environment, from requirements.lock (with the client package, clients/python)
 
-$(STAMP): pyproject.toml requirements.lock
+$(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements.lock -e '.[test]'
+	$(PY) -m pip install -q -c requirements.lock -e '.[test]' -e 'clients/python[scrapy]'  # + the client package
 	@touch $@
 
 tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent

@@ -90,10 +90,11 @@ def healthy_inventory(names: list[str], **extra: Any) -> Inventory:
 
 
 class UvicornThread:
-    """A real uvicorn server on 127.0.0.1 and a free port, in a thread; `stop()` ends both."""
+    """A real uvicorn server on 127.0.0.1 and a free port (or `port`: a restart on the same one), in a
+    thread; `stop()` ends both."""
 
-    def __init__(self, app: Any) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+    def __init__(self, app: Any, *, port: int = 0) -> None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
@@ -229,7 +230,8 @@ ApiFactory = Callable[..., Api]
 
 @pytest.fixture
 def start_api(tokens_file: Path, store_factory: StoreFactory) -> Iterator[ApiFactory]:
-    """Start replicas: `start_api(inventory=..., clock=..., **settings)`; all stopped at teardown."""
+    """Start replicas: `start_api(inventory=..., clock=..., **settings)`; all stopped at teardown. `port`
+    starts one where an earlier one was stopped: a restart, with a fresh store unless `store` is given."""
     running: list[Api] = []
 
     def start(
@@ -238,6 +240,7 @@ def start_api(tokens_file: Path, store_factory: StoreFactory) -> Iterator[ApiFac
         clock: FakeClock | None = None,
         stacks: Any = None,
         store: Store | None = None,
+        port: int = 0,
         **settings: Any,
     ) -> Api:
         clock = clock or FakeClock()
@@ -268,7 +271,7 @@ def start_api(tokens_file: Path, store_factory: StoreFactory) -> Iterator[ApiFac
             stack_inspector=stacks,
             lifespan=lifespan,
         )
-        api = Api(UvicornThread(app).start(), inventory, discovery, clock, registry, reported)
+        api = Api(UvicornThread(app, port=port).start(), inventory, discovery, clock, registry, reported)
         running.append(api)
         return api
 

@@ -1,23 +1,25 @@
-"""Run a real Scrapy spider with docs/clients/scrapy_middleware.py, in its own process (one reactor per
-process): `python scrapy_crawl.py '<json>'` with {"api", "token", "urls", "settings"}; prints one JSON line.
+"""Run a real Scrapy spider with the client package's add-on (proxy_operator_client.scrapy), in its own
+process (one reactor per process): `python scrapy_crawl.py '<json>'` with {"api", "token", "urls",
+"settings"}; prints one JSON line: pages, failures, the crawl's stats, and when it opened and stopped.
 
-The spider fetches each URL once and records what reached its callbacks: pages (status, the proxy used)
-and failures. A later middleware replaces `/detour` with a fresh request for `/ok` (as a login or captcha
-middleware would: the first lease never sees an answer, nor is its request sent again) and `/rewrite` with
-the same request for `/ok` (`request.replace`: sent again, with the proxy middleware's meta).
+The spider fetches each URL once and records what reached its callbacks: pages (status, the proxy used,
+the lease's key) and failures. A later middleware replaces `/detour` with a fresh request for `/ok` (as a
+login or captcha middleware would: the first request is never downloaded) and `/rewrite` with the same
+request for `/ok` (`request.replace`: sent again, with the proxy middleware's meta).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
+import time
 from typing import Any
 
 import scrapy
-from scrapy.crawler import CrawlerProcess
+from scrapy import signals
+from scrapy.crawler import Crawler, CrawlerProcess
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs" / "clients"))
+TIMES: dict[str, float] = {}
 
 
 class Detour:
@@ -29,6 +31,25 @@ class Detour:
         if request.url.endswith("/rewrite"):
             return request.replace(url=request.url.replace("/rewrite", "/ok"))
         return None
+
+
+class Timing:
+    """An extension: when the spider opened and when the engine stopped (monotonic seconds). It is built
+    before the downloader, so its `engine_stopped` handler runs first: the time includes the spider's whole
+    close (the add-on's own included) but not Scrapy's closing of idle connections after it."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Timing:
+        timing = cls()
+        crawler.signals.connect(timing.opened, signal=signals.spider_opened)
+        crawler.signals.connect(timing.stopped, signal=signals.engine_stopped)
+        return timing
+
+    def opened(self) -> None:
+        TIMES["opened"] = time.monotonic()
+
+    def stopped(self) -> None:
+        TIMES["stopped"] = time.monotonic()
 
 
 class SiteSpider(scrapy.Spider):
@@ -67,8 +88,9 @@ def main(config: dict[str, Any]) -> None:
     settings = {
         "PROXY_OPERATOR_URL": config["api"],
         "PROXY_OPERATOR_TOKEN": config["token"],
-        "DOWNLOADER_MIDDLEWARES": {"scrapy_middleware.ProxyOperatorMiddleware": 610, Detour: 620},
-        "TWISTED_REACTOR": "twisted.internet.asyncioreactor.AsyncioSelectorReactor",
+        "ADDONS": {"proxy_operator_client.scrapy.ProxyOperatorAddon": 500},
+        "DOWNLOADER_MIDDLEWARES": {Detour: 620},
+        "EXTENSIONS": {Timing: 0},
         "ROBOTSTXT_OBEY": False,
         "TELNETCONSOLE_ENABLED": False,
         "HTTPERROR_ALLOW_ALL": True,  # the callback sees a final 403/429 too
@@ -87,6 +109,7 @@ def main(config: dict[str, Any]) -> None:
                 "pages": spider.pages,
                 "failures": spider.failures,
                 "stats": {k: v for k, v in stats.items() if isinstance(v, int | float | str)},
+                "times": TIMES,
             },
             default=str,
         )

@@ -1,4 +1,4 @@
-"""The clients under docs/clients tell the proxy's own answers from the site's (issue 11).
+"""The client package's clients tell the proxy's own answers from the site's (issue 11).
 
 Real `local` proxies (our forward proxy, started by the provider's create as `up` starts it) allow one
 loopback site and one port where nothing listens; a second site is outside their egress policy. Leased
@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
+from proxy_operator_client import DiscoveryClient, ProxyAnswer
 from service.inventory import Health, HealthState, Inventory
 from stacks.programs.local import LocalProxyProvider
 from tests.ports import free_port
 from tests.service.conftest import TOKENS, Api, ApiFactory, auth, endpoint
 from tests.service.site import Site
-from tests.service.test_python_client import load_client, metric
+from tests.service.test_python_client import metric
 from tests.service.test_scrapy_middleware import crawl
 from tests.service.test_scrapy_middleware import metric as metric_in
 
@@ -89,11 +90,10 @@ def test_the_python_client_reports_a_refusal_and_a_site_down_as_neither_ban_nor_
     refused: Site,
     down: int,
 ) -> None:
-    client_module = load_client()
     inventory = forward_proxies(3)
     api = start_api(inventory=inventory, cooldown_seconds=0, error_quorum=1)
     outcomes: dict[str, Any] = {}
-    with client_module.DiscoveryClient(api.url, TOKENS["crawler-a"][0]) as client:
+    with DiscoveryClient(api.url, TOKENS["crawler-a"][0]) as client:
         page = client.fetch(allowed.url("/ban403"), target=TARGET, wait=0)  # the site's 403: a ban
         for name, url in {
             "refused": refused.url("/ok"),
@@ -101,7 +101,7 @@ def test_the_python_client_reports_a_refusal_and_a_site_down_as_neither_ban_nor_
             "down": f"http://127.0.0.1:{down}/",
             "down tunnel": f"https://127.0.0.1:{down}/",
         }.items():
-            with pytest.raises(client_module.ProxyAnswer) as raised:
+            with pytest.raises(ProxyAnswer) as raised:
                 client.fetch(url, target=TARGET, wait=0)
             outcomes[name] = (type(raised.value).__name__, raised.value.status, raised.value.error)
 
