@@ -13,8 +13,10 @@ caps per source and in all) are the defaults of `stacks/forward_proxy/config.py`
 field for them, so the config file carries the defaults.
 
 `read` reports the resource gone when the process died (or its pid now belongs to someone else), so
-`refresh` drops it from state and the next `up` starts it again. A change of port, protocol, bind address or
-credentials replaces the process (stop first: the new one wants the same port).
+`refresh` drops it from state and the next `up` starts it again. A change of port, protocol or bind address
+replaces the process (stop first: the new one wants the same port); an egress, allowed-sources or
+credentials edit is applied to the running process in place (`local_reload.py`), so an egress edit does not
+restart the fleet nor cut its tunnels and lease users.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.control import socket_path
 from stacks.models import EgressSpec, LocalProvider
 from stacks.programs import local_process as proc
+from stacks.programs import local_reload
 from stacks.programs.component import ProxyEndpoint, child_opts
 from stacks.programs.context import ProgramSettings, ProxyContext
 
-REPLACE_ON = ("bind_address", "port", "protocol", "username", "password", "egress", "sources")
+# A new process: what it listens on and speaks. Egress, allowed sources and credentials are edited in place
+# (local_reload.py) unless authentication is turned on or off (the control channel comes or goes).
+REPLACE_ON = ("bind_address", "port", "protocol")
 RUNTIME_OUTPUTS = ("pid", "start_time", "log_path", "control")
 
 
@@ -120,11 +125,19 @@ class LocalProxyProvider(ResourceProvider):
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         replaces = [key for key in REPLACE_ON if olds.get(key) != news.get(key)]
+        if bool(olds.get("username")) != bool(news.get("username")):
+            replaces.append("username")
         changed = [key for key in news if key not in RUNTIME_OUTPUTS and olds.get(key) != news.get(key)]
         return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
-        # Only bookkeeping inputs (state_dir, stem) reach here: the running process stays as it is.
+        # The running process stays: an edit it can take is applied to it in place (its tunnels and lease
+        # users stay); bookkeeping inputs (state_dir, stem) only move in state, its files stay where it has
+        # them.
+        if any(olds.get(key) != news.get(key) for key in local_reload.IN_PLACE):
+            where = {"state_dir": olds["state_dir"], "stem": olds["stem"]}
+            config_file = Path(olds["state_dir"]) / f"{olds['stem']}.json"
+            local_reload.apply(_ref(olds), _config({**news, **where}), config_file)
         return UpdateResult(outs={**news, **{key: olds.get(key) for key in RUNTIME_OUTPUTS}})
 
     def delete(self, _id: str, props: dict[str, Any]) -> None:

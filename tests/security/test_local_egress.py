@@ -38,6 +38,8 @@ def start(tmp_path: Path) -> Iterator[Any]:
     class Run:
         pids: ClassVar[list[int]] = []
 
+        created: ClassVar[list[Any]] = []
+
         def __call__(self, **kwargs: Any) -> int:
             return run(**kwargs)
 
@@ -47,6 +49,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
         props |= {"protocol": protocol, "username": "crawler", "password": "Pass1234", "egress": egress or {}}
         created = provider.create({**props, **extra})
         started.append(created)
+        Run.created.append(created)
         Run.pids.append(int(created.outs["pid"]))
         return port
 
@@ -122,3 +125,32 @@ def test_the_proxy_does_not_inherit_the_services_environment(
     assert b"service-secret" not in environ
     assert b"PULUMI_CONFIG_PASSPHRASE" not in environ
     assert b"Pass1234" not in Path(f"/proc/{pid}/cmdline").read_bytes()  # read from a 0600 file
+
+
+def test_an_egress_edit_reaches_the_running_process_and_its_tunnel_stays(start: Any, site: int) -> None:
+    """The provider's update applies an egress edit to the process it started (SIGHUP, no new process):
+    the site it now allows passes, a tunnel opened before the edit still relays, the pid is the same.
+    Before: the edit replaced the process, cutting the tunnel."""
+    with serve_page(b"other page\n") as other:
+        port = start(egress={"allow": [{"cidr": "127.0.0.1/32", "ports": [other]}]})
+        created = start.created[-1]
+        with _client(port) as client:
+            assert client.get(f"http://127.0.0.1:{site}/").status_code == 403
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as tunnel:
+            tunnel.sendall(b"CONNECT 127.0.0.1:%d HTTP/1.1\r\nHost: x\r\n" % other)
+            tunnel.sendall(b"Proxy-Authorization: Basic Y3Jhd2xlcjpQYXNzMTIzNA==\r\n\r\n")
+            assert tunnel.recv(4096).startswith(b"HTTP/1.1 200")
+            allow = [{"cidr": "127.0.0.1/32", "ports": [site, other]}]
+            news = {**created.outs, "egress": {"allow": allow}}
+            provider = LocalProxyProvider()
+            assert provider.diff(created.id, created.outs, news).replaces == []
+            updated = provider.update(created.id, created.outs, news)
+            assert updated.outs["pid"] == created.outs["pid"]
+            with _client(port) as client:
+                answer = client.get(f"http://127.0.0.1:{site}/")
+            assert (answer.status_code, answer.content) == (200, PAGE)
+            tunnel.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            received = b""
+            while chunk := tunnel.recv(4096):
+                received += chunk
+            assert received.endswith(b"other page\n")  # the tunnel from before the edit still relays

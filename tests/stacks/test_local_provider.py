@@ -133,21 +133,25 @@ def test_read_reports_a_reused_pid_as_gone() -> None:
     assert provider.read("x", {"pid": me.pid, "start_time": me.start_time + 1}).id == ""
 
 
-def test_diff_replaces_on_listener_or_credential_change() -> None:
+def test_diff_replaces_on_a_listener_change_and_edits_the_rest_in_place() -> None:
+    """Before: an egress, sources or credentials edit replaced the process (every tunnel and lease user
+    of the stack's proxies lost at once)."""
     olds = {"bind_address": "127.0.0.1", "port": 3128, "protocol": "http", "username": "u", "password": "p"}
     provider = LocalProxyProvider()
     assert provider.diff("x", olds, dict(olds)).changes is False
+    listener = (("port", 3129), ("protocol", "socks5"), ("bind_address", "0.0.0.0"), ("username", None))
+    for key, value in listener:
+        result = provider.diff("x", olds, {**olds, key: value})
+        assert result.replaces == [key]
+        assert result.delete_before_replace
     for key, value in (
-        ("port", 3129),
-        ("protocol", "socks5"),
-        ("bind_address", "0.0.0.0"),
         ("password", "q"),
+        ("username", "v"),
         ("egress", {"allowPorts": [80, 443, 8080]}),
         ("sources", ["10.0.0.0/8"]),
     ):
         result = provider.diff("x", olds, {**olds, key: value})
-        assert result.replaces == [key]
-        assert result.delete_before_replace
+        assert (result.changes, result.replaces) == (True, []), key
 
 
 def test_start_failure_names_the_cause(tmp_path: Path) -> None:
