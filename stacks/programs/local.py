@@ -8,9 +8,14 @@ A proxy with credentials also listens on a control socket in the state folder (`
 the discovery service adds and revokes per-lease users at run time (`stacks/forward_proxy/control.py`); its
 path is the endpoint's `control` output.
 
-`read` reports the resource gone when the process died (or its pid now belongs to someone else), so
-`refresh` drops it from state and the next `up` starts it again. A change of port, protocol, bind address or
-credentials replaces the process (stop first: the new one wants the same port).
+`read` reports the resource gone when the process died, or when its pid now belongs to another process or
+program (`stacks/forward_proxy/identity.py`), so `refresh` drops it from state and the next `up` starts it
+again. A change of port, protocol, bind address or credentials replaces the process (stop first: the new
+one wants the same port).
+
+The endpoint output carries the instance id (`<pid>-<start time>`) and, on every local endpoint, the key
+`control` (None without credentials): from them the service knows an endpoint is a process on its machine
+and probes it only while that very process holds the port (`service/health/listener.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
+from stacks.forward_proxy import identity
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.control import socket_path
 from stacks.models import EgressSpec, LocalProvider
@@ -71,11 +77,7 @@ def _stop_interrupted(starting: Path, config_file: Path) -> None:
         ref = proc.ProcessRef(pid=int(recorded["pid"]), start_time=int(recorded["start_time"]))
     except (OSError, ValueError, KeyError, TypeError):
         return
-    try:
-        cmdline = Path(f"/proc/{ref.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        cmdline = []
-    if proc.is_running(ref) and str(config_file).encode() in cmdline:
+    if proc.is_running(ref) and str(config_file) in identity.command_line(ref.pid):
         proc.stop(ref)
     starting.unlink(missing_ok=True)
 
@@ -106,11 +108,11 @@ class LocalProxyProvider(ResourceProvider):
             starting.unlink(missing_ok=True)
         runtime = {"pid": ref.pid, "start_time": ref.start_time, "log_path": str(log_path)}
         outs = {**props, **runtime, "control": config.control}
-        return CreateResult(id_=f"{ref.pid}-{ref.start_time}", outs=outs)
+        return CreateResult(id_=ref.instance_id, outs=outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         ref = _ref(props)
-        if ref is None or not proc.is_running(ref):
+        if ref is None or not identity.is_ours(ref):
             return ReadResult(id_="", outs={})  # gone: refresh drops it, the next up recreates it
         return ReadResult(id_=id_, outs=props)
 
