@@ -37,6 +37,10 @@ class ProxyEndpoint:
     password: str | None = field(default=None, repr=False)
     stack: str | None = None
     control: str | None = None  # the proxy's lease-user control channel; None: leases share its credentials
+    instance_id: str | None = None  # what the stack recorded as the instance serving it
+    # A process on this machine (the local provider): probed only while the process its instance id names
+    # holds the port, so no other local user's listener gets its credentials (service/health/listener.py).
+    local: bool = False
 
     @property
     def has_address(self) -> bool:

@@ -281,4 +281,6 @@ def endpoint_of(
         password=creds.get("password"),
         stack=stack,
         control=out.get("control"),  # local proxies: where lease users are pushed (docs/security.md)
+        instance_id=str(out["instanceId"]) if out.get("instanceId") else None,
+        local="control" in out,  # only the local program exports the key (None without credentials)
     )

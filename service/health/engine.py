@@ -3,7 +3,8 @@
 Each proxy has its own due time (its first probe within a second, or spread at 1000 a second over at most one
 interval when many arrive at once; then every interval +/- jitter), kept in
 a heap; at most `concurrency` probes are in flight. Every result feeds the metrics; only state transitions
-reach `on_transition` (the lead wires it to Proxy status and events).
+reach `on_transition` (the lead wires it to Proxy status and events). A `local` proxy whose port is not
+held by the process its stack started is not probed at all (`listener.py`) and turns unhealthy at once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+from service.health import listener
 from service.health.egress import shared_egress
 from service.health.metrics import HealthMetrics
 from service.health.probe import ProbeResult
@@ -84,14 +86,22 @@ class HealthEngine:
         endpoint = self._inventory.get(key)
         if endpoint is None or not endpoint.has_address:
             return None
-        result = await self._prober.probe(endpoint)
+        refused = listener.refusal(endpoint)  # not the listener its stack made: not one byte is sent
+        result = await self._prober.probe(endpoint) if refused is None else _not_probed(refused)
         self._metrics.observe(
-            provider=endpoint.provider, outcome=result.outcome, latency=result.latency_seconds
+            provider=endpoint.provider,
+            outcome=result.outcome,
+            latency=result.latency_seconds if refused is None else None,
         )
         if self._inventory.get(key) != endpoint:
             return None  # changed while in flight: this result says nothing about the new address
         return await self._apply(
-            key, ok=result.ok, latency=result.latency_seconds, egress_ip=result.egress_ip, error=result.error
+            key,
+            ok=result.ok,
+            latency=result.latency_seconds,
+            egress_ip=result.egress_ip,
+            error=result.error,
+            decisive=refused is not None,  # another listener may hold its port: out of discovery now
         )
 
     async def probe_all(self) -> None:
@@ -127,11 +137,24 @@ class HealthEngine:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _apply(
-        self, key: str, *, ok: bool, latency: float | None, egress_ip: str | None, error: str | None
+        self,
+        key: str,
+        *,
+        ok: bool,
+        latency: float | None,
+        egress_ip: str | None,
+        error: str | None,
+        decisive: bool = False,
     ) -> Health:
         previous = self._inventory.health(key)
         current = self._thresholds.apply(
-            previous, ok=ok, at=self._wall(), latency=latency, egress_ip=egress_ip, error=error
+            previous,
+            ok=ok,
+            at=self._wall(),
+            latency=latency,
+            egress_ip=egress_ip,
+            error=error,
+            decisive=decisive,
         )
         self._inventory.set_health(key, current)
         if current.state is not previous.state:
@@ -204,3 +227,7 @@ class HealthEngine:
         if not self._due:
             return MAX_IDLE_SLEEP
         return min(max(self._due[0][0] - self._clock(), 0.0), MAX_IDLE_SLEEP)
+
+
+def _not_probed(reason: str) -> ProbeResult:
+    return ProbeResult(False, listener.UNVERIFIED, 0.0, error=reason)

@@ -49,6 +49,8 @@ class HealthMetrics:
     def _count_state(self, state: HealthState) -> Callable[[], float]:
         return lambda: sum(1 for h in self._health().values() if h.state is state)
 
-    def observe(self, *, provider: str, outcome: str, latency: float) -> None:
-        self.probe_seconds.labels(provider).observe(latency)
+    def observe(self, *, provider: str, outcome: str, latency: float | None) -> None:
+        """One result; `latency` None: nothing was sent (an unverified listener), no latency to count."""
+        if latency is not None:
+            self.probe_seconds.labels(provider).observe(latency)
         self.probe_results.labels(provider, outcome).inc()

@@ -26,7 +26,9 @@ MAX_RESPONSE = 64 * 1024
 @dataclass(frozen=True)
 class ProbeResult:
     ok: bool
-    outcome: str  # ok | connect_error | timeout | proxy_error | auth_failed | bad_status | bad_response
+    # ok | connect_error | timeout | proxy_error | auth_failed | bad_status | bad_response; the engine adds
+    # unverified (a local proxy's port not held by its process: not probed, service/health/listener.py)
+    outcome: str
     latency_seconds: float
     egress_ip: str | None = None
     error: str | None = None

@@ -12,6 +12,7 @@ class Thresholds:
     """Unhealthy after `unhealthy` consecutive failures, healthy after `healthy` consecutive successes.
 
     A proxy never probed (`unknown`) is decided by its first result, so a new proxy serves after one probe.
+    A `decisive` failure (no retry would make it safe to serve) is unhealthy at once.
     """
 
     unhealthy: int = 3
@@ -26,6 +27,7 @@ class Thresholds:
         latency: float | None = None,
         egress_ip: str | None = None,
         error: str | None = None,
+        decisive: bool = False,
     ) -> Health:
         if ok:
             successes, failures = previous.consecutive_successes + 1, 0
@@ -33,7 +35,7 @@ class Thresholds:
             state = HealthState.healthy if turn else previous.state
         else:
             successes, failures = 0, previous.consecutive_failures + 1
-            turn = previous.state is HealthState.unknown or failures >= self.unhealthy
+            turn = decisive or previous.state is HealthState.unknown or failures >= self.unhealthy
             state = HealthState.unhealthy if turn else previous.state
         return Health(
             state=state,

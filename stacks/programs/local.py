@@ -12,11 +12,15 @@ The proxy's limits (deadlines for a request head and a SOCKS5 handshake, the rel
 caps per source and in all) are the defaults of `stacks/forward_proxy/config.py`: the Proxy spec has no
 field for them, so the config file carries the defaults.
 
-`read` reports the resource gone when the process died (or its pid now belongs to someone else), so
-`refresh` drops it from state and the next `up` starts it again. A change of port, protocol or bind address
-replaces the process (stop first: the new one wants the same port); an egress, allowed-sources or
-credentials edit is applied to the running process in place (`local_reload.py`), so an egress edit does not
-restart the fleet nor cut its tunnels and lease users.
+`read` reports the resource gone when the process died, or when its pid now belongs to another process or
+program (`stacks/forward_proxy/identity.py`), so `refresh` drops it from state and the next `up` starts it
+again. A change of port, protocol or bind address replaces the process (stop first: the new one wants the
+same port); an egress, allowed-sources or credentials edit is applied to the running process in place
+(`local_reload.py`), so an egress edit does not restart the fleet nor cut its tunnels and lease users.
+
+The endpoint output carries the instance id (`<pid>-<start time>`) and, on every local endpoint, the key
+`control` (None without credentials): from them the service knows an endpoint is a process on its machine
+and probes it only while that very process holds the port (`service/health/listener.py`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
 
+from stacks.forward_proxy import identity
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.control import socket_path
 from stacks.models import EgressSpec, LocalProvider
@@ -80,11 +85,7 @@ def _stop_interrupted(starting: Path, config_file: Path) -> None:
         ref = proc.ProcessRef(pid=int(recorded["pid"]), start_time=int(recorded["start_time"]))
     except (OSError, ValueError, KeyError, TypeError):
         return
-    try:
-        cmdline = Path(f"/proc/{ref.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        cmdline = []
-    if proc.is_running(ref) and str(config_file).encode() in cmdline:
+    if proc.is_running(ref) and str(config_file) in identity.command_line(ref.pid):
         proc.stop(ref)
     starting.unlink(missing_ok=True)
 
@@ -115,11 +116,11 @@ class LocalProxyProvider(ResourceProvider):
             starting.unlink(missing_ok=True)
         runtime = {"pid": ref.pid, "start_time": ref.start_time, "log_path": str(log_path)}
         outs = {**props, **runtime, "control": config.control}
-        return CreateResult(id_=f"{ref.pid}-{ref.start_time}", outs=outs)
+        return CreateResult(id_=ref.instance_id, outs=outs)
 
     def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
         ref = _ref(props)
-        if ref is None or not proc.is_running(ref):
+        if ref is None or not identity.is_ours(ref):
             return ReadResult(id_="", outs={})  # gone: refresh drops it, the next up recreates it
         return ReadResult(id_=id_, outs=props)
 

@@ -1,19 +1,19 @@
-"""Starting, recognising and stopping a detached proxy process (`stacks.forward_proxy`) on this machine.
+"""Starting, waiting for and stopping a detached proxy process (`stacks.forward_proxy`) on this machine.
 
-A process is identified by its pid AND its start time (field 22 of /proc/<pid>/stat), so a pid that the
-kernel handed to some other program after ours died is never mistaken for our proxy, nor signalled.
+Recognising one (pid and start time, command line, listening ports) is `stacks/forward_proxy/identity.py`,
+which the service's probe gate uses too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
+
+from stacks.forward_proxy.identity import MODULE, ProcessRef, holds_listener, is_running, start_time
 
 READY_TIMEOUT = 15.0
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -25,37 +25,9 @@ class ProxyStartError(RuntimeError):
     """The proxy process exited or never accepted connections."""
 
 
-@dataclass(frozen=True)
-class ProcessRef:
-    pid: int
-    start_time: int
-
-
-def start_time(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot; None when gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
-    if fields[0] == "Z":
-        _reap(pid)
-        return None
-    return int(fields[19])
-
-
-def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):  # not our child: its parent (or init) reaps it
-        os.waitpid(pid, os.WNOHANG)
-
-
-def is_running(ref: ProcessRef) -> bool:
-    return start_time(ref.pid) == ref.start_time
-
-
 def proxy_command(config_file: Path) -> list[str]:
     """Our filtering forward proxy (`stacks.forward_proxy`) on a 0600 config file (credentials and policy)."""
-    return [sys.executable, "-m", "stacks.forward_proxy", str(config_file)]
+    return [sys.executable, "-m", MODULE, str(config_file)]
 
 
 def child_environment() -> dict[str, str]:
@@ -96,25 +68,6 @@ def probe_host(bind: str) -> str:
     return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind, bind)
 
 
-def listening_ports(pid: int) -> set[int]:
-    """TCP ports on which `pid` itself holds a listening socket (from /proc, no external tools)."""
-    inodes = set()
-    with contextlib.suppress(OSError):
-        for fd in Path(f"/proc/{pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                target = os.readlink(fd)
-                if target.startswith("socket:["):
-                    inodes.add(target[len("socket:[") : -1])
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
-
-
 def wait_until_listening(
     ref: ProcessRef,
     *,
@@ -128,7 +81,7 @@ def wait_until_listening(
     while time.monotonic() < deadline:
         if not is_running(ref):
             raise ProxyStartError(f"the proxy exited before listening on {host}:{port}: {_tail(log_path)}")
-        if port in listening_ports(ref.pid) and _accepts(host, port):
+        if holds_listener(ref.pid, port) and _accepts(host, port):
             return
         time.sleep(POLL)
     stop(ref)

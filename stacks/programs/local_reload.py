@@ -15,6 +15,7 @@ import signal
 import time
 from pathlib import Path
 
+from stacks.forward_proxy import identity
 from stacks.forward_proxy import reload as proxy_reload
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.programs import local_process as proc
@@ -29,7 +30,7 @@ class InPlaceEditFailed(RuntimeError):
 
 def apply(ref: proc.ProcessRef | None, config: ProxyConfig, config_file: Path) -> None:
     """Give the process `ref`, started on `config_file`, the configuration `config`."""
-    if ref is None or not proc.is_running(ref):
+    if ref is None or not identity.is_ours(ref):  # never a signal to a process that is not that proxy
         raise InPlaceEditFailed(
             f"the proxy process of {config_file.name} is gone; the next refresh recreates it with the edit"
         )

@@ -125,12 +125,26 @@ def test_killed_process_comes_back_with_refresh_and_up(local_stack: auto.Stack, 
     assert _fetch(origin, proxy=authed).status_code == 200
 
 
-def test_read_reports_a_reused_pid_as_gone() -> None:
-    me = proc.ProcessRef(pid=os.getpid(), start_time=proc.start_time(os.getpid()) or 0)
+def test_read_reports_a_reused_pid_as_gone(tmp_path: Path) -> None:
+    props = {
+        "state_dir": str(tmp_path),
+        "stem": "crawl_read",
+        "bind_address": "127.0.0.1",
+        "port": free_port(),
+    }
     provider = LocalProxyProvider()
-    assert provider.read("x", {"pid": me.pid, "start_time": me.start_time}).id == "x"
-    # Same pid, other start time: a different process now owns the pid.
-    assert provider.read("x", {"pid": me.pid, "start_time": me.start_time + 1}).id == ""
+    created = provider.create({**props, "protocol": "http", "username": None})
+    try:
+        assert provider.read(created.id, created.outs).id == created.id
+        # Same pid, other start time: a different process now owns the pid.
+        later = {**created.outs, "start_time": created.outs["start_time"] + 1}
+        assert provider.read(created.id, later).id == ""
+    finally:
+        provider.delete(created.id, created.outs)
+    # A live process with the recorded pid and start time that is not our proxy (after a reboot, another
+    # program can get both): gone too, so a refresh drops it and `up` starts the proxy again.
+    me = {"pid": os.getpid(), "start_time": proc.start_time(os.getpid())}
+    assert provider.read("x", me).id == ""
 
 
 def test_diff_replaces_on_a_listener_change_and_edits_the_rest_in_place() -> None:

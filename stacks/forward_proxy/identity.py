@@ -1,0 +1,120 @@
+"""Recognising a running forward proxy from /proc: the local program's `read` and the service's probe gate
+(`service/health/listener.py`) ask the same questions here.
+
+A process is identified by its pid AND its start time (field 22 of /proc/<pid>/stat), so a pid that the
+kernel handed to some other program after ours died is never mistaken for our proxy, nor signalled. Its
+instance id, the resource id the local program records and exports, is `<pid>-<start time>`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+MODULE = "stacks.forward_proxy"  # run as `python -m stacks.forward_proxy CONFIG.json`
+LISTEN, SYN_RECV = b"0A", b"03"  # socket states in /proc/net/tcp
+READ_SIZE = 1024  # a few lines of /proc/net/tcp per read
+
+
+@dataclass(frozen=True)
+class ProcessRef:
+    pid: int
+    start_time: int
+
+    @property
+    def instance_id(self) -> str:
+        return f"{self.pid}-{self.start_time}"
+
+    @classmethod
+    def from_instance_id(cls, value: str | None) -> ProcessRef | None:
+        pid, _, started = (value or "").partition("-")
+        if not (pid.isdigit() and started.isdigit()):
+            return None
+        return cls(pid=int(pid), start_time=int(started))
+
+
+def start_time(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot; None when gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and parentheses
+    if fields[0] == "Z":
+        _reap(pid)
+        return None
+    return int(fields[19])
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):  # not our child: its parent (or init) reaps it
+        os.waitpid(pid, os.WNOHANG)
+
+
+def is_running(ref: ProcessRef) -> bool:
+    return start_time(ref.pid) == ref.start_time
+
+
+def command_line(pid: int) -> list[str]:
+    """The arguments `pid` runs with; empty when it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [arg.decode(errors="replace") for arg in raw.split(b"\0") if arg]
+
+
+def runs_forward_proxy(pid: int) -> bool:
+    args = command_line(pid)
+    return any(args[i : i + 2] == ["-m", MODULE] for i in range(len(args) - 1))
+
+
+def is_ours(ref: ProcessRef) -> bool:
+    """The recorded process still runs, and it runs our forward proxy (not a program that got its pid)."""
+    return is_running(ref) and runs_forward_proxy(ref.pid)
+
+
+def holds_listener(pid: int, port: int) -> bool:
+    """`pid` itself holds a listening TCP socket on `port` (from /proc, no external tools)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+    for table in ("tcp", "tcp6"):
+        with contextlib.suppress(OSError):
+            if any(p == port and i in inodes for p, i in _listeners(Path(f"/proc/{pid}/net/{table}"))):
+                return True
+    return False
+
+
+def _listeners(table: Path) -> Iterator[tuple[int, str]]:
+    """(port, inode) of each listening socket in a /proc/net/tcp table. The kernel lists them first, then
+    walks every slot of the connection table (a millisecond or more, however few connections there are),
+    and it makes only as many lines as a read asks for: so small reads, and a stop where the listeners end
+    (or where the caller found its port)."""
+    with table.open("rb", buffering=READ_SIZE) as lines:
+        next(lines, None)  # the header
+        for line in lines:
+            fields = line.split()
+            if fields[3] == LISTEN:
+                yield int(fields[1].rsplit(b":", 1)[1], 16), fields[9].decode()
+            elif fields[3] != SYN_RECV:  # older kernels list pending connections among the listeners
+                return
+
+
+def listener_refusal(ref: ProcessRef, *, port: int) -> str | None:
+    """Why the listener on `port` is not known to be the recorded proxy process; None when it is: that
+    process runs, runs our forward proxy, and holds the listening socket itself (so nobody else can)."""
+    if not is_running(ref):
+        return f"its process (pid {ref.pid}) is gone"
+    if not runs_forward_proxy(ref.pid):
+        return f"pid {ref.pid} now runs another program"
+    if not holds_listener(ref.pid, port):
+        return f"its process (pid {ref.pid}) does not listen on port {port}"
+    return None
