@@ -4,9 +4,10 @@ Two limits, both decided in the store in the same atomic step as the hand-out (t
 rules in Lua; tests/service/test_store_conformance.py holds both stores to one behaviour):
 
 - **Holding**: a client holds at most `holding` distinct proxies of the pool its request matches
-  (`holding_limit`: a share of that pool, at least one). It holds a proxy while it has a lease on it, and
-  while a penalty that its own `banned` report set on it runs: so one token can keep at most its share of a
-  pool out of service for a target, however it spreads its leases and reports over time. A proxy it holds
+  (`holding_limit`: a share of that pool, at least one). It holds a proxy while it has a lease on it, and,
+  for requests for the same target, while a penalty that its own `banned` report set there runs: so one
+  token can keep at most its share of a pool out of service for a target, however it spreads its leases and
+  reports over time, while its other sites are not held back by the bans one site gave it. A proxy it holds
   already may be leased again (for another target); past the limit the request gets what fits, and nothing
   at all answers 429 `lease_share` with `Retry-After` set to when the first of its proxies is free again.
 - **Rate**: a token bucket per client (GCRA: one "theoretical arrival time" per client) of `rate` hand-outs
@@ -47,12 +48,13 @@ class MemoryHoldings:
 
     def __init__(self) -> None:
         self._active: dict[str, dict[str, tuple[str, float]]] = {}
-        self._banned: dict[str, dict[str, float]] = {}  # client -> proxy -> end of the penalty it set
+        # (client, target) -> proxy -> end of the penalty the client's report set for that target
+        self._banned: dict[tuple[str, str], dict[str, float]] = {}
         self._tat: dict[str, float] = {}
 
-    def held(self, client: str, *, pool: Collection[str], now: float) -> dict[str, float]:
-        """The proxies of `pool` the client holds now (a lease, or a running penalty it reported), each with
-        when it stops holding it."""
+    def held(self, client: str, *, target: str, pool: Collection[str], now: float) -> dict[str, float]:
+        """The proxies of `pool` the client holds now for a request for `target` (a lease, for any target, or
+        a running penalty its report set for this target), each with when it stops holding it."""
         mine: dict[str, float] = {}
         leases = self._active.get(client, {})
         for lease_id in [lid for lid, (_, end) in leases.items() if end <= now]:
@@ -60,14 +62,14 @@ class MemoryHoldings:
         for proxy, end in leases.values():
             if proxy in pool:
                 mine[proxy] = max(mine.get(proxy, 0.0), end)
-        for proxy, end in self._banned.get(client, {}).items():
+        for proxy, end in self._banned.get((client, target), {}).items():
             if end > now and proxy in pool:
                 mine[proxy] = max(mine.get(proxy, 0.0), end)
         return mine
 
-    def banned(self, client: str, *, proxy: str, until: float) -> None:
-        """A penalty on `proxy` that `client`'s report set (or lengthened) runs until `until`."""
-        bans = self._banned.setdefault(client, {})
+    def banned(self, client: str, *, target: str, proxy: str, until: float) -> None:
+        """A penalty on `proxy` for `target` that `client`'s report set (or lengthened) runs until `until`."""
+        bans = self._banned.setdefault((client, target), {})
         bans[proxy] = max(bans.get(proxy, 0.0), until)
 
     def active(self, client: str, *, now: float) -> list[str]:
@@ -95,10 +97,10 @@ class MemoryHoldings:
                 del leases[lease_id]
             if not leases:
                 del self._active[client]
-        for client, bans in list(self._banned.items()):
+        for pair, bans in list(self._banned.items()):
             for proxy in [p for p, end in bans.items() if end <= now]:
                 del bans[proxy]
             if not bans:
-                del self._banned[client]
+                del self._banned[pair]
         for client in [c for c, tat in self._tat.items() if tat <= now]:
             del self._tat[client]

@@ -103,7 +103,7 @@ class MemoryStore:
         room: int | None = None  # distinct proxies the client may still add; None: no limit applies
         full = False
         if share is not None and share.holding is not None:
-            mine = self._holdings.held(request.client, pool=share.pool, now=now)
+            mine = self._holdings.held(request.client, target=request.target, pool=share.pool, now=now)
             room = share.holding - len(mine)
             if room <= 0:  # its share is taken: only the proxies it holds (for other targets) may come again
                 candidates, room, full = [key for key in mine if key in candidates], None, True
@@ -274,7 +274,7 @@ class MemoryStore:
             until = max(until, now + fraction * min(cap, base * 2 ** min(strikes, 40)))
             per_target[proxy] = (until, strikes + 1)
             if reporter is not None:
-                self._holdings.banned(reporter, proxy=proxy, until=until)
+                self._holdings.banned(reporter, target=target, proxy=proxy, until=until)
             return Penalty(target=target, until=until, strikes=strikes + 1)
 
     async def forgive(self, *, proxy: str, target: str, now: float) -> bool:

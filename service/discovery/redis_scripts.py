@@ -233,7 +233,8 @@ return 'ok'
 
 # KEYS: penalty zset (target), strikes hash (proxy), lease hash ('': no lease checked)
 # ARGV: proxy, target, now, base, cap, fraction, keep_seconds, banned-by key prefix
-# The reporter holds the proxy (for its fair share) while the penalty runs: `P:banby:<client>` proxy -> end.
+# The reporter holds the proxy (for its fair share, in requests for that target) while the penalty runs:
+# `P:banby:<client>|<target>` proxy -> end.
 # A lease's ban counts once: {'dup'} when it was counted already (or the lease is gone), nothing changed.
 PENALISE = r"""
 if KEYS[3] ~= '' then
@@ -250,7 +251,7 @@ redis.call('ZADD', KEYS[1], string.format('%.6f', untl), proxy)
 redis.call('PEXPIRE', KEYS[1], math.floor((cap + 60) * 1000))
 redis.call('PEXPIRE', KEYS[2], math.floor(tonumber(ARGV[7]) * 1000))
 if KEYS[3] ~= '' then
-  local by = ARGV[8] .. redis.call('HGET', KEYS[3], 'client')
+  local by = ARGV[8] .. redis.call('HGET', KEYS[3], 'client') .. '|' .. target
   redis.call('ZADD', by, 'GT', string.format('%.6f', untl), proxy)
   redis.call('ZREMRANGEBYSCORE', by, '-inf', string.format('%.6f', now))
   local keep = math.floor((untl - now + 60) * 1000)

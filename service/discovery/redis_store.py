@@ -5,8 +5,9 @@ penalised-until, `P:strikes:<proxy>` hash target -> bans since the last good rep
 last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash, `P:skip:<target>` hash client -> where
 its next walk of the LRU resumes (see redis_scripts.py); for reports, `P:used:<client>` zset proxy -> end of
 its latest lease, `P:err:<proxy>` zset client -> its `error` vote, `P:rate:<client>:<window>` a counter; for
-fair shares (fair_share.py), `P:act:<client>` zset lease id -> end of each active lease, `P:banby:<client>`
-zset proxy -> end of a penalty its report set, and `P:lrate:<client>` its rate bucket.
+fair shares (fair_share.py), `P:act:<client>` zset lease id -> end of each active lease,
+`P:banby:<client>|<target>` zset proxy -> end of a penalty its report set for that target, and
+`P:lrate:<client>` its rate bucket.
 Every key but `P:lru` carries a TTL.
 """
 
@@ -81,7 +82,7 @@ class RedisStore:
         for _ in range(2):  # a set may have expired in Redis since this process uploaded it: upload again
             share = await self._share_key(request)
             limits = [self._act_key(request.client), self._rate_key(request.client), share]
-            limits.append(f"{self._p}:banby:{request.client}")
+            limits.append(f"{self._p}:banby:{request.client}|{request.target}")
             if listed:
                 keys = [*self._keys(request), self._used_key(request.client), *limits]
                 args = [*self._args(request, now=now), *request.candidates]

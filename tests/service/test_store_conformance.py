@@ -299,7 +299,7 @@ def test_a_lease_s_ban_counts_once_and_holds_the_proxy_for_the_share(
         assert kept.banned
         assert await s.store.release(lease_id, now=NOW + 1, cooldown=0) is not None
         held = await s.store.acquire(shared("a", "b", tag="2", holding=1, target="t2"), now=NOW + 2)
-        assert _proxies(held) == ["a"]  # the proxy its ban took out is still its one: b stays free
+        assert _proxies(held) == ["b"]  # its ban for example.com holds nothing back for another site
         assert await s.store.release(held.leases[0].lease_id, now=NOW + 3, cooldown=0) is not None
         taken = await s.store.acquire(shared("a", "b", tag="3", holding=1), now=NOW + 3)
         assert taken.limited == Limited("lease_share", pytest.approx(NOW + 150))

@@ -1,7 +1,9 @@
 """When this crawler may next ask for a lease, per site and for all of them, learnt from the API's answers.
 
 A 503 `all_cooling_down` closes one site's gate until its Retry-After, or until one of our own leases on
-that site is released; a 429 `lease_share` closes every gate until one of our own releases; any other
+that site is released; a 429 `lease_share` closes that site's gate until its Retry-After or one of our own
+releases (the proxies our bans took out count in the share for their site only, so another site may still
+get a lease: it asks, and closes its own gate if it is refused too); any other
 refusal (`lease_rate`, `no_candidates`, ...) until its Retry-After; an API that cannot be reached until a
 backoff. A request that finds its gate closed does not call the API: it is parked until the gate opens,
 or until the event named by the block's `wake` (see parking.py).
@@ -19,7 +21,7 @@ EVERY_SITE = ""  # the key of a block on every site
 # What wakes parked requests early (besides a site's own name: a release or a lease end on that site).
 OWN_RELEASE = "\x00own-release"  # any of our releases: frees our share of the pool
 API_BACK = "\x00api-back"  # the first lease after the API could not be reached
-PER_SITE = frozenset({"all_cooling_down", "lease_user_failed"})
+PER_SITE = frozenset({"all_cooling_down", "lease_user_failed", "lease_share"})
 MIN_WAIT = 0.05
 BUSY_WAIT = 30.0  # a site at its concurrency waits at most this long for one of its leases to end
 
@@ -58,19 +60,20 @@ class Gates:
     def refused(self, site: str, exc: NoProxyAvailable) -> NoLeaseYet:
         """Close the gate the API's refusal names; the parking ticket of the refused request."""
         if exc.reason in PER_SITE:
-            return self._close(site, exc.retry_after, exc.reason, wake=site)
-        wake = OWN_RELEASE if exc.reason == "lease_share" else None
-        return self._close(EVERY_SITE, exc.retry_after, exc.reason, wake=wake)
+            wake = OWN_RELEASE if exc.reason == "lease_share" else site
+            return self._close(site, exc.retry_after, exc.reason, wake=wake)
+        return self._close(EVERY_SITE, exc.retry_after, exc.reason, wake=None)
 
     def unreachable(self, seconds: float) -> NoLeaseYet:
         return self._close(EVERY_SITE, seconds, "api_unavailable", wake=API_BACK)
 
     def released(self, site: str) -> None:
         """One of our leases on `site` ended: its cooldown block and a share block may be over."""
-        for key, reasons in ((site, PER_SITE), (EVERY_SITE, {"lease_share"})):
-            block = self._blocks.get(key)
-            if block is not None and block.reason in reasons:
-                del self._blocks[key]
+        block = self._blocks.get(site)
+        if block is not None and block.reason in PER_SITE:
+            del self._blocks[site]
+        for key in [k for k, b in self._blocks.items() if b.reason == "lease_share"]:
+            del self._blocks[key]  # any release of ours frees a share for every site
 
     def reached(self) -> None:
         """A lease came: the API is back."""
