@@ -18,6 +18,7 @@ from automation.backoff import BackoffPolicy
 from automation.engine import EngineConfig
 from automation.engine.config import find_pulumi
 from service.settings import DiscoverySettings, HealthSettings
+from service.ui.settings import UiSettings
 
 
 class FolderOverlap(ValueError):
@@ -107,6 +108,7 @@ class OperatorSettings(BaseSettings):
     )
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
 
     def backoff(self) -> BackoffPolicy:
         return BackoffPolicy(base=self.backoff_base_seconds, cap=self.backoff_cap_seconds)
@@ -138,6 +140,11 @@ class OperatorSettings(BaseSettings):
             installation=self.installation_name(),
             probe_url=self.health.probe_url,  # serve sets its default (the bound port) before building
         )
+
+    def ui_session_key(self) -> bytes:
+        if self.ui.session_key_file is not None:
+            return self.ui.session_key_file.read_bytes().strip()
+        return secret_file(self.state_dir / "ui-session-key").encode()
 
     def installation_name(self) -> str:
         if self.installation:

@@ -1,0 +1,105 @@
+"""The page routes: every one same-site only and behind a session; links carry the root path."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse, Response
+
+from service.api.deps import context_of
+from service.ui.fleet import FleetQuery, render_fleet
+from service.ui.html import esc, page
+from service.ui.login import cross_site, refused, session_of, to_login, ui_of
+from service.ui.views import LeaseRates, render_deletions, render_leases, render_proxy, render_stacks
+
+router = APIRouter(include_in_schema=False)
+HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin"}
+
+
+def _answer(request: Request, title: str, body: str | None, who: str) -> Response:
+    ui = ui_of(request)
+    if body is None:
+        return HTMLResponse(
+            page(
+                root=ui.settings.root_path,
+                title="Not found",
+                body="<p>No such proxy.</p>",
+                who=who,
+                refresh=False,
+            ),
+            status_code=404,
+            headers=HEADERS,
+        )
+    leader = ui.leader() if ui.leader is not None else None
+    note = (
+        f'<p class="mute">This replica follows; the leader is <strong>{esc(leader)}</strong>.</p>'
+        if leader
+        else ""
+    )
+    return HTMLResponse(
+        page(root=ui.settings.root_path, title=title, body=body, who=who, note=note), headers=HEADERS
+    )
+
+
+async def _guard(request: Request) -> tuple[str, Response | None]:
+    if cross_site(request):
+        return "", refused()
+    session = session_of(request)
+    if session is None:
+        return "", to_login(request)
+    return session.client.name, None
+
+
+@router.get("/", response_class=HTMLResponse)
+async def fleet(request: Request) -> Response:
+    who, stop = await _guard(request)
+    if stop is not None:
+        return stop
+    ui = ui_of(request)
+    query = FleetQuery.parse(request.query_params)
+    body = await render_fleet(
+        context_of(request), ui.index.rows(), query, root=ui.settings.root_path, size=ui.settings.page_size
+    )
+    return _answer(request, "Fleet", body, who)
+
+
+@router.get("/proxy/{namespace}/{name}", response_class=HTMLResponse)
+async def proxy(request: Request, namespace: str, name: str) -> Response:
+    who, stop = await _guard(request)
+    if stop is not None:
+        return stop
+    body = await render_proxy(
+        context_of(request), f"{namespace}/{name}", root=ui_of(request).settings.root_path
+    )
+    return _answer(request, f"Proxy {namespace}/{name}", body, who)
+
+
+@router.get("/stacks", response_class=HTMLResponse)
+async def stacks(request: Request) -> Response:
+    who, stop = await _guard(request)
+    if stop is not None:
+        return stop
+    ui = ui_of(request)
+    rows = list(ui.stacks()) if ui.stacks is not None else []
+    body = render_stacks(
+        rows, ui.index.rows(), root=ui.settings.root_path, text=request.query_params.get("q", "")[:200]
+    )
+    return _answer(request, "Stacks", body, who)
+
+
+@router.get("/deletions", response_class=HTMLResponse)
+async def deletions(request: Request) -> Response:
+    who, stop = await _guard(request)
+    if stop is not None:
+        return stop
+    ui = ui_of(request)
+    body = render_deletions(context_of(request), ui.index.rows(), root=ui.settings.root_path)
+    return _answer(request, "Deletions", body, who)
+
+
+@router.get("/leases", response_class=HTMLResponse)
+async def leases(request: Request) -> Response:
+    who, stop = await _guard(request)
+    if stop is not None:
+        return stop
+    rates: LeaseRates = request.app.state.lease_rates
+    return _answer(request, "Lease API", render_leases(rates), who)

@@ -1,0 +1,43 @@
+"""The stacks view's rows from what the control loop keeps: its queue's states and the outputs of each
+stack's last `up` (names only). No Pulumi CLI call; a follower has no loop, so it shows none (see
+docs/operations.md)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from service.controller import Controller
+from service.incluster import ClusterMode
+from service.ui.context import StackRow, StacksSource
+
+
+def stack_rows(control: Controller | ClusterMode) -> StacksSource:
+    def rows() -> Sequence[StackRow]:
+        loop = control.controller if isinstance(control, ClusterMode) else control
+        if loop is None:
+            return []
+        found = []
+        for name, state in sorted(loop.queue.states().items()):
+            outputs = loop.reconciler.applied_outputs(name)
+            error = state.last_error
+            found.append(
+                StackRow(
+                    name=name,
+                    state=state.state.value,
+                    runs=state.runs,
+                    consecutive_failures=state.consecutive_failures,
+                    reason=state.reason,
+                    error=str(error) if error else None,
+                    next_retry_at=_wall(state.next_retry_at),
+                    outputs=sorted(outputs),
+                )
+            )
+        return found
+
+    return rows
+
+
+def _wall(monotonic: float | None) -> float | None:
+    """The queue's retry time is on the monotonic clock; the page shows wall time."""
+    return None if monotonic is None else time.time() + (monotonic - time.monotonic())
