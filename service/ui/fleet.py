@@ -131,7 +131,7 @@ def bans_cell(facts: Facts, at: float) -> str:
     if not facts.bans:
         return '<span class="mute">none</span>'
     return "<br>".join(
-        f"{esc(b.target)} ({b.strikes} bans) until {when(b.until, now=at)}" for b in facts.bans
+        f"{esc(b.target)} (strikes {b.strikes}) until {when(b.until, now=at)}" for b in facts.bans
     )
 
 
@@ -184,7 +184,6 @@ async def render_fleet(ctx: ApiContext, rows: list[Row], query: FleetQuery, *, r
         pager.append(f'<a rel="next" href="{href(root, "/", query.link(page=str(page + 1)))}">next page</a>')
     return (
         filters(root, rows, query)
-        + f'<p class="mute" aria-live="polite">{esc(summary)}</p>'
         + table(headers, body, caption=summary)
         + f'<nav class="pager" aria-label="Pages">{"".join(pager)}</nav>'
     )

@@ -108,7 +108,7 @@ def page(*, root: str, title: str, body: str, who: str | None, note: str = "", r
     if refresh:
         control = (
             '<div class="refresh"><label><input type="checkbox" id="pause"> pause auto-refresh</label>'
-            f'<span id="countdown" aria-live="off"></span></div><script>{REFRESH}</script>'
+            f'<span id="countdown" aria-live="off">in 15 s</span></div><script>{REFRESH}</script>'
         )
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'

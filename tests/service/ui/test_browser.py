@@ -1,0 +1,133 @@
+"""The fleet page in a real headless Chromium, against a real `serve --manifests` with real `local` proxies.
+
+Log in; the fleet lists the proxies; a lease taken through the API and a ban report show; a manifest that
+stops parsing shows its proxy Held with the reason; each view passes axe-core with no serious finding and
+is photographed wide and narrow (the folder is printed); log out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.config import OperatorSettings
+from service.serve import Service, build_service, dev_token, serve
+from service.settings import HealthSettings
+from tests.automation.fleet import Fleet
+from tests.conftest import PulumiEnv
+from tests.ports import free_port
+from tests.service.ui.browser import chromium, require_browser, screenshots, serious_violations, wait_for
+
+pytestmark = pytest.mark.engine
+VIEWS = {"fleet": "/", "stacks": "/stacks", "deletions": "/deletions", "leases": "/leases"}
+
+
+class Serving:
+    """`serve` on its own event loop in a thread, stopped the way a signal stops it."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.thread = threading.Thread(target=lambda: asyncio.run(serve(service)), name="serve", daemon=True)
+
+    def __enter__(self) -> Serving:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.service.server.should_exit = True
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive(), "serve did not stop"
+
+
+@pytest.fixture
+def fleet(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Fleet]:
+    require_browser()
+    fleet = Fleet(root=tmp_path, backend_url=pulumi_env.backend_url)
+    for name in ("p0", "p1", "p2"):
+        fleet.write_proxy(name, port=free_port(), pool="main")
+    try:
+        yield fleet
+    finally:
+        fleet.kill_proxies()
+
+
+def _lease(base: str, headers: dict[str, str]) -> dict[str, Any]:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        answer = httpx.post(
+            f"{base}/v1/leases", json={"target": "shop.example", "pool": "main"}, headers=headers
+        )
+        if answer.status_code == 200:
+            lease: dict[str, Any] = answer.json()["leases"][0]
+            return lease
+        time.sleep(0.5)
+    raise AssertionError(f"no proxy became leasable: {answer.text}")
+
+
+def test_the_fleet_page_in_a_browser(
+    fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = free_port()
+    settings = fleet.settings().model_copy(
+        update={"listen_port": port, "health": HealthSettings(interval_seconds=0.5, healthy_threshold=1)}
+    )
+    assert isinstance(settings, OperatorSettings)
+    token = dev_token(settings.state_dir)
+    headers = {"Authorization": f"Bearer {token}"}
+    base = f"http://127.0.0.1:{port}"
+    shots = tmp_path / "screenshots"
+    shots.mkdir()
+    with Serving(build_service(settings, fleet.manifests)), chromium() as driver:
+        lease = _lease(base, headers)  # the proxies are up and probed
+        driver.get(base + "/")
+        assert "/login" in driver.current_url, "the page asks for a log in first"
+        screenshots(driver, shots, "login")
+        assert serious_violations(driver) == []
+        driver.find_element("id", "token").send_keys(token)
+        driver.find_element("css selector", "form button[type=submit]").click()
+        main = lambda: driver.find_element("tag name", "main").text  # noqa: E731
+        wait_for(
+            lambda: all(f"crawl/{p}" in main() for p in ("p0", "p1", "p2")),
+            what="three proxies",
+            driver=driver,
+        )
+        assert "local-dev" in driver.find_element("tag name", "header").text  # who is signed in
+
+        # The lease taken through the API shows on its proxy's row, with its client.
+        row = lambda key: driver.find_element("xpath", f"//tr[td/a[text()='{key}']]").text  # noqa: E731
+        wait_for(lambda: "local-dev" in row(lease["key"]), what="the lease", driver=driver)
+        ban = httpx.post(
+            f"{base}/v1/reports", json={"lease": lease["leaseId"], "outcome": "banned"}, headers=headers
+        )
+        assert ban.status_code == 200, ban.text
+        wait_for(lambda: "shop.example" in row(lease["key"]), what="the ban's target", driver=driver)
+
+        # A manifest that stops parsing: its proxy keeps running its last version, Held, and says why.
+        (fleet.manifests / "proxy-p2.yaml").write_text("apiVersion: [unclosed\n")
+        wait_for(lambda: "Held" in row("crawl/p2"), what="p2 held", driver=driver)
+        for words in ("ManifestUnreadable", "not valid YAML", "its last applied version stays"):
+            assert words in row("crawl/p2")
+        for name, path in VIEWS.items():
+            driver.get(base + path)
+            screenshots(driver, shots, name)
+            assert serious_violations(driver) == [], name
+        driver.get(f"{base}/proxy/{lease['key']}")
+        assert "shop.example" in main()
+        screenshots(driver, shots, "proxy")
+        assert serious_violations(driver) == []
+        for secret in (lease["password"], token):
+            assert secret not in driver.page_source
+
+        driver.find_element("css selector", "header form button").click()
+        assert "/login" in driver.current_url
+        driver.get(base + "/")
+        assert "/login" in driver.current_url, "after log out the page asks again"
+    with capsys.disabled():
+        print(f"\nfleet page screenshots: {shots}")
