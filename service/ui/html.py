@@ -41,7 +41,9 @@ pre{padding:.5rem;overflow-x:auto}.pager{display:flex;gap:1rem;margin:.5rem 0}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}dl.facts dt{color:var(--mute)}
 dl.facts dd{margin:0}.refresh{display:flex;gap:.5rem;align-items:center;color:var(--mute)}
 svg.chart{max-width:100%;height:auto}
-@media (max-width:700px){th.wide,td.wide{display:none}}
+@media (max-width:700px){table,tbody,tr,td{display:block}thead{position:absolute;left:-9999px}
+tr{border-bottom:2px solid var(--line);padding:.3rem 0}td{border:0;padding:.15rem .25rem}
+td::before{content:attr(data-label) ": ";color:var(--mute)}}
 """
 
 REFRESH = """
@@ -85,7 +87,11 @@ def table(headers: Iterable[str | tuple[str, str]], rows: Iterable[Iterable[str]
     heads = [(h, "") if isinstance(h, str) else h for h in headers]
     head = "".join(f'<th scope="col" class="{cls}">{text}</th>' for text, cls in heads)
     body = "".join(
-        "<tr>" + "".join(f'<td class="{heads[i][1]}">{cell}</td>' for i, cell in enumerate(row)) + "</tr>"
+        "<tr>"
+        + "".join(
+            f'<td class="{heads[i][1]}" data-label="{heads[i][0]}">{cell}</td>' for i, cell in enumerate(row)
+        )
+        + "</tr>"
         for row in rows
     )
     if not body:

@@ -92,7 +92,8 @@ async def deletions(request: Request) -> Response:
     if stop is not None:
         return stop
     ui = ui_of(request)
-    body = render_deletions(context_of(request), ui.index.rows(), root=ui.settings.root_path)
+    leader = ui.leader() if ui.leader is not None else None
+    body = render_deletions(context_of(request), ui.index.rows(), root=ui.settings.root_path, leader=leader)
     return _answer(request, "Deletions", body, who)
 
 

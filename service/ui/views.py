@@ -98,11 +98,17 @@ def render_stacks(rows: list[StackRow], proxies: list[Row], *, root: str, text: 
     )
 
 
-def render_deletions(ctx: ApiContext, proxies: list[Row], *, root: str) -> str:
+def render_deletions(ctx: ApiContext, proxies: list[Row], *, root: str, leader: str | None = None) -> str:
     out = ""
     gate = ctx.deletions
     held = gate.held_deletion if gate is not None else None
-    if gate is None:
+    if leader is not None and held is None:
+        out += (
+            f"<p>This replica follows: only the leader (<strong>{esc(leader)}</strong>) judges "
+            "deletions, and it does not publish a held one yet. Ask it: "
+            "<code>GET /v1/deletions</code> on the leader's pod.</p>"
+        )
+    elif gate is None:
         out += "<p>No control loop runs in this process.</p>"
     elif held is None:
         out += "<p>No deletion is held.</p>"
