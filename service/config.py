@@ -6,6 +6,7 @@ for the nested discovery and health settings). docs/operations.md describes each
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Callable
@@ -19,6 +20,8 @@ from automation.engine import EngineConfig
 from automation.engine.config import find_pulumi
 from service.settings import DiscoverySettings, HealthSettings
 from service.ui.settings import UiSettings
+
+log = logging.getLogger(__name__)
 
 
 class FolderOverlap(ValueError):
@@ -142,9 +145,17 @@ class OperatorSettings(BaseSettings):
         )
 
     def ui_session_key(self) -> bytes:
-        if self.ui.session_key_file is not None:
-            return self.ui.session_key_file.read_bytes().strip()
-        return secret_file(self.state_dir / "ui-session-key").encode()
+        """The key that signs page sessions: the file's (a Secret, the same on every replica), else one made
+        once beside the state (valid on this replica only when the state folder is the pod's own)."""
+        path = self.ui.session_key_file
+        key = path.read_bytes().strip() if path is not None and path.is_file() else b""
+        if key and len(key) < 32:
+            raise ValueError(f"{path}: the page's session key must be at least 32 characters")
+        if not key and path is not None:
+            log.warning(
+                "%s is missing or empty: page sessions are signed with a key of this replica only", path
+            )
+        return key or secret_file(self.state_dir / "ui-session-key").encode()
 
     def installation_name(self) -> str:
         if self.installation:

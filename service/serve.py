@@ -167,7 +167,7 @@ def _assemble(
             app.state.context,
             settings=settings.ui,
             key=settings.ui_session_key(),
-            stacks=stack_rows(controller),
+            stacks=stack_rows(controller, owner=settings.installation_name()),
         )
         if isinstance(controller, ClusterMode):
             page.leader = _leader_name(controller)

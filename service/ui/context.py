@@ -17,6 +17,7 @@ class StackRow:
     """One stack as the page shows it, from what the service keeps (queue state, applied outputs)."""
 
     name: str
+    owner: str
     state: str  # the queue's word: idle, queued, running, backoff, failed, stalled
     runs: int = 0
     consecutive_failures: int = 0

@@ -12,7 +12,9 @@ from service.incluster import ClusterMode
 from service.ui.context import StackRow, StacksSource
 
 
-def stack_rows(control: Controller | ClusterMode) -> StacksSource:
+def stack_rows(control: Controller | ClusterMode, *, owner: str) -> StacksSource:
+    """`owner`: this installation's name, which every stack it manages is tagged with."""
+
     def rows() -> Sequence[StackRow]:
         loop = control.controller if isinstance(control, ClusterMode) else control
         if loop is None:
@@ -24,6 +26,7 @@ def stack_rows(control: Controller | ClusterMode) -> StacksSource:
             found.append(
                 StackRow(
                     name=name,
+                    owner=owner,
                     state=state.state.value,
                     runs=state.runs,
                     consecutive_failures=state.consecutive_failures,

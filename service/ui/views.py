@@ -90,7 +90,16 @@ def render_stacks(rows: list[StackRow], proxies: list[Row], *, root: str, text: 
     )
     return (
         table(
-            ["Stack", "Queue state", "Proxies", "Runs", "Last error", "Next retry", ("Outputs", "wide")],
+            [
+                "Stack",
+                "Owner",
+                "Queue state",
+                "Proxies",
+                "Runs",
+                "Last error",
+                "Next retry",
+                ("Outputs", "wide"),
+            ],
             body,
             caption=f"{len(shown)} stacks",
         )
