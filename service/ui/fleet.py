@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from service.api.deps import ApiContext
 from service.health.egress import shared_egress
+from service.ui.context import StackRow
 from service.ui.facts import Facts, facts_of, leases_by_proxy, now
 from service.ui.html import esc, href, table, when
 from service.ui.index import Row
@@ -135,7 +136,29 @@ def bans_cell(facts: Facts, at: float) -> str:
     )
 
 
-async def render_fleet(ctx: ApiContext, rows: list[Row], query: FleetQuery, *, root: str, size: int) -> str:
+def retry_note(stack: StackRow | None, at: float) -> str:
+    """Where its stack waits for a retry: when, and after what."""
+    if stack is None or stack.state not in ("backoff", "stalled", "failed"):
+        return ""
+    text = f'<br><span class="warn">stack {esc(stack.state)}'
+    if stack.reason:
+        text += f" ({esc(stack.reason)})"
+    if stack.next_retry_at is not None:
+        text += f", next try {when(stack.next_retry_at, now=at)}"
+    elif stack.state != "backoff":
+        text += ", no retry until its input changes"
+    return text + "</span>"
+
+
+async def render_fleet(
+    ctx: ApiContext,
+    rows: list[Row],
+    query: FleetQuery,
+    *,
+    root: str,
+    size: int,
+    stacks: Mapping[str, StackRow] | None = None,
+) -> str:
     chosen = select(rows, query)
     pages = max(1, -(-len(chosen) // size))
     page = min(query.page, pages)

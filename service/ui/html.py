@@ -39,7 +39,8 @@ border-radius:4px;padding:.25rem .4rem}button{cursor:pointer}
 code,pre{font-family:ui-monospace,monospace;font-size:.9em;background:var(--chip);padding:0 .2rem}
 pre{padding:.5rem;overflow-x:auto}.pager{display:flex;gap:1rem;margin:.5rem 0}
 dl.facts{display:grid;grid-template-columns:max-content 1fr;gap:.2rem 1rem}dl.facts dt{color:var(--mute)}
-dl.facts dd{margin:0;min-width:0;overflow-wrap:anywhere}.refresh{display:flex;gap:.5rem;align-items:center;color:var(--mute)}
+dl.facts dd{margin:0;min-width:0;overflow-wrap:anywhere}
+.refresh{display:flex;gap:.5rem;align-items:center;color:var(--mute)}
 
 @media (max-width:700px){
 table,tbody,tr,td,caption{display:block}caption{text-align:left}thead{position:absolute;left:-9999px}

@@ -56,8 +56,14 @@ async def fleet(request: Request) -> Response:
         return stop
     ui = ui_of(request)
     query = FleetQuery.parse(request.query_params)
+    stacks = {r.name: r for r in ui.stacks()} if ui.stacks is not None else {}
     body = await render_fleet(
-        context_of(request), ui.index.rows(), query, root=ui.settings.root_path, size=ui.settings.page_size
+        context_of(request),
+        ui.index.rows(),
+        query,
+        root=ui.settings.root_path,
+        size=ui.settings.page_size,
+        stacks=stacks,
     )
     return _answer(request, "Fleet", body, who)
 

@@ -1,13 +1,17 @@
 """The fleet page in a real headless Chromium, against a real `serve --manifests` with real `local` proxies.
 
-Log in; the fleet lists the proxies; a lease taken through the API and a ban report show; a manifest that
-stops parsing shows its proxy Held with the reason; each view passes axe-core with no serious finding and
-is photographed wide and narrow (the folder is printed); log out.
+Log in; the fleet lists the proxies; a lease taken through the API and a ban report show; a stopped proxy
+process shows Degraded with the probe's reason; a manifest that stops parsing shows its proxy Held with the
+reason; a mass deletion shows held with its id and the command that allows it; each view passes axe-core
+with no serious finding and is photographed wide and narrow (the folder is printed); log out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -46,12 +50,16 @@ class Serving:
         assert not self.thread.is_alive(), "serve did not stop"
 
 
+PORTS: dict[str, int] = {}
+
+
 @pytest.fixture
 def fleet(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Fleet]:
     require_browser()
     fleet = Fleet(root=tmp_path, backend_url=pulumi_env.backend_url)
     for name in ("p0", "p1", "p2"):
-        fleet.write_proxy(name, port=free_port(), pool="main")
+        PORTS[name] = free_port()
+        fleet.write_proxy(name, port=PORTS[name], pool="main")
     try:
         yield fleet
     finally:
@@ -71,12 +79,26 @@ def _lease(base: str, headers: dict[str, str]) -> dict[str, Any]:
     raise AssertionError(f"no proxy became leasable: {answer.text}")
 
 
+def _stop_process(fleet: Fleet, name: str) -> None:
+    """Kill the proxy process that runs on this proxy's own config file (its stack still says it runs)."""
+    [config] = [p for p in fleet.local_state.rglob("*.json") if p.stem.endswith(name)]
+    found = subprocess.run(["pgrep", "-f", str(config)], capture_output=True, text=True).stdout.split()
+    assert found, f"no process runs {config}"
+    for pid in found:
+        os.kill(int(pid), signal.SIGKILL)
+
+
 def test_the_fleet_page_in_a_browser(
     fleet: Fleet, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     port = free_port()
     settings = fleet.settings().model_copy(
-        update={"listen_port": port, "health": HealthSettings(interval_seconds=0.5, healthy_threshold=1)}
+        update={
+            "listen_port": port,
+            "health": HealthSettings(interval_seconds=0.5, healthy_threshold=1),
+            "deletion_budget_count": 0,  # two of three at once is over budget (share 0.5)
+            "repair_interval_seconds": 600,  # the stopped process stays stopped while the page is read
+        }
     )
     assert isinstance(settings, OperatorSettings)
     token = dev_token(settings.state_dir)
@@ -114,6 +136,22 @@ def test_the_fleet_page_in_a_browser(
         wait_for(lambda: "Held" in row("crawl/p2"), what="p2 held", driver=driver)
         for words in ("ManifestUnreadable", "not valid YAML", "its last applied version stays"):
             assert words in row("crawl/p2")
+        # A mass deletion (two of three): held, with its id and the one command that lets it through.
+        fleet.write_proxy("p2", port=PORTS["p2"], pool="main")
+        # (p2 stays Held after its file is restored unchanged, in /v1/status too: see docs/decisions.md)
+        fleet.remove_proxy("p1")
+        fleet.remove_proxy("p2")
+        driver.get(base + "/deletions")
+        wait_for(lambda: "Held deletion" in main(), what="the held deletion", driver=driver)
+        change = httpx.get(f"{base}/v1/deletions", headers=headers).json()["held"]["changeId"]
+        assert f"/v1/deletions/{change}/allow" in main()
+        assert f"proxy-operator up --allow-deletions {change}" in main()
+        # A stopped process: its probes fail, the row says so in the probe's words.
+        driver.get(base + "/")
+        _stop_process(fleet, "p0")
+        wait_for(lambda: "ProbeFailed" in row("crawl/p0"), what="p0's failed probe", driver=driver)
+        assert "Connect call failed" in row("crawl/p0")
+
         for name, path in VIEWS.items():
             driver.get(base + path)
             screenshots(driver, shots, name)
