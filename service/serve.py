@@ -122,6 +122,7 @@ def _assemble(
             settings=settings, kube=kube, api=api_client(kube.kubeconfig), inventory=inventory
         )
     registry = CollectorRegistry()
+    probes = ui.ProbeHistory()  # the fleet page's chart of each proxy's last probes
     listen_port = listener.getsockname()[1]
     health = HealthEngine(
         inventory=inventory,
@@ -138,6 +139,7 @@ def _assemble(
         jitter=settings.health.jitter,
         concurrency=settings.health.concurrency,
         on_transition=_health_to_status(controller),
+        on_probe=probes.record,
     )
     discovery = DiscoveryService(
         inventory=inventory,
@@ -168,6 +170,7 @@ def _assemble(
             settings=settings.ui,
             key=settings.ui_session_key(),
             stacks=stack_rows(controller, owner=settings.installation_name()),
+            probes=probes,
         )
         if isinstance(controller, ClusterMode):
             page.leader = _leader_name(controller)

@@ -12,17 +12,32 @@ from service.api.deps import ApiContext
 from service.ui import login, router
 from service.ui.context import LoginLimiter, StackRow, StacksSource, UiContext
 from service.ui.index import FleetIndex
+from service.ui.probes import ProbeHistory
 from service.ui.session import Sessions
 from service.ui.settings import UiSettings
 from service.ui.views import LeaseRates
 
-__all__ = ["LOGIN_BODY_LIMIT", "LOGIN_PATH", "StackRow", "StacksSource", "UiSettings", "build", "install"]
+__all__ = [
+    "LOGIN_BODY_LIMIT",
+    "LOGIN_PATH",
+    "ProbeHistory",
+    "StackRow",
+    "StacksSource",
+    "UiSettings",
+    "build",
+    "install",
+]
 LOGIN_PATH = login.LOGIN_PATH
 LOGIN_BODY_LIMIT = login.LOGIN_BODY_LIMIT
 
 
 def build(
-    context: ApiContext, *, settings: UiSettings, key: bytes, stacks: StacksSource | None = None
+    context: ApiContext,
+    *,
+    settings: UiSettings,
+    key: bytes,
+    stacks: StacksSource | None = None,
+    probes: ProbeHistory | None = None,
 ) -> UiContext:
     return UiContext(
         settings=settings,
@@ -32,6 +47,7 @@ def build(
         index=FleetIndex(inventory=context.inventory, board=context.status),
         limiter=LoginLimiter(attempts=settings.login_attempts),
         stacks=stacks,
+        probes=probes,
     )
 
 

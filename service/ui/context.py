@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from service.ui.index import FleetIndex
+from service.ui.probes import ProbeHistory
 from service.ui.session import Sessions
 from service.ui.settings import UiSettings
 
@@ -59,4 +60,5 @@ class UiContext:
     index: FleetIndex
     limiter: LoginLimiter
     stacks: StacksSource | None = None
+    probes: ProbeHistory | None = None
     leader: Callable[[], str | None] | None = None  # who leads, seen from a follower (None: this replica)

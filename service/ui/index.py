@@ -3,7 +3,8 @@ stack, phase, ready), kept beside the status board so that a view does not decod
 
 The board and the inventory tell the index what changed (a key, or "the endpoints"); the listener only
 marks it, on the writer's thread. The next read refreshes what was marked: a status decode per changed key,
-a walk over the inventory's endpoints after they changed. About 120 bytes a row (10,000 rows: 1.1 MiB, tests/bench/bench_ui.py).
+a walk over the inventory's endpoints after they changed. About 120 bytes a row (10,000 rows: 1.1 MiB,
+tests/bench/bench_ui.py).
 """
 
 from __future__ import annotations

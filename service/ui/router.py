@@ -73,9 +73,9 @@ async def proxy(request: Request, namespace: str, name: str) -> Response:
     who, stop = await _guard(request)
     if stop is not None:
         return stop
-    body = await render_proxy(
-        context_of(request), f"{namespace}/{name}", root=ui_of(request).settings.root_path
-    )
+    ui = ui_of(request)
+    key = f"{namespace}/{name}"
+    body = await render_proxy(context_of(request), key, root=ui.settings.root_path, probes=ui.probes)
     return _answer(request, f"Proxy {namespace}/{name}", body, who)
 
 

@@ -14,9 +14,12 @@ from service.ui.facts import facts_of, leases_by_proxy, now
 from service.ui.fleet import bans_cell, health_cell, leases_cell, operation_cell, phase_badge, why
 from service.ui.html import esc, href, table, when
 from service.ui.index import Row
+from service.ui.probes import ProbeHistory, chart
 
 
-async def render_proxy(ctx: ApiContext, key: str, *, root: str) -> str | None:
+async def render_proxy(
+    ctx: ApiContext, key: str, *, root: str, probes: ProbeHistory | None = None
+) -> str | None:
     endpoint = ctx.inventory.get(key)
     at = now()
     leases = await leases_by_proxy(ctx, now=at)
@@ -53,6 +56,8 @@ async def render_proxy(ctx: ApiContext, key: str, *, root: str) -> str | None:
         [esc(c.type), esc(c.status), esc(c.reason), esc(c.message), when(c.last_transition_time, now=at)]
         for c in (status.conditions if status else [])
     ]
+    if probes is not None:
+        out += "<h2>Probes</h2>" + chart(probes.series(key))
     out += "<h2>Conditions</h2>" + table(
         ["Type", "Status", "Reason", "Message", "Since"], conditions, caption="conditions"
     )

@@ -158,6 +158,7 @@ def test_the_fleet_page_in_a_browser(
             assert serious_violations(driver) == [], name
         driver.get(f"{base}/proxy/{lease['key']}")
         assert "shop.example" in main()
+        assert "failed" in driver.find_element("css selector", "svg.chart").get_attribute("aria-label")
         screenshots(driver, shots, "proxy")
         assert serious_violations(driver) == []
         for secret in (lease["password"], token):

@@ -16,10 +16,12 @@ from service.api.metrics import ApiMetrics
 from service.auth import TokenAuthenticator
 from service.discovery.memory import MemoryStore
 from service.discovery.service import DiscoveryService
+from service.inventory import Health, HealthState
 from service.settings import DiscoverySettings
 from service.status import StatusBoard
 from service.ui.fleet import FleetQuery, render_fleet, select
 from service.ui.index import FleetIndex
+from service.ui.probes import ProbeHistory, chart
 from service.ui.views import LeaseRates, render_deletions, render_leases
 from tests.service.conftest import healthy_inventory
 
@@ -99,3 +101,18 @@ def test_the_lease_view_reads_the_services_own_counters() -> None:
     html = render_leases(LeaseRates(ctx.registry))
     assert "no_proxy_available" in html
     assert ">3<" in html
+
+
+def test_the_probe_history_keeps_the_last_30_and_the_chart_marks_failures() -> None:
+    history = ProbeHistory()
+    for n in range(40):
+        history.record("default/a", Health(state=HealthState.healthy, last_latency_seconds=0.001 * n))
+    history.record("default/a", Health(state=HealthState.unhealthy, consecutive_failures=1))
+    series = history.series("default/a")
+    assert len(series) == 30
+    assert series[-1] is None
+    assert series[0] == pytest.approx(0.011)
+    svg = chart(series)
+    assert 'role="img"' in svg
+    assert "1 failed" in svg
+    assert svg.count("<rect") == 30
