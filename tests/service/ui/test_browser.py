@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -151,6 +152,9 @@ def test_the_fleet_page_in_a_browser(
         _stop_process(fleet, "p0")
         wait_for(lambda: "ProbeFailed" in row("crawl/p0"), what="p0's failed probe", driver=driver)
         assert "Connect call failed" in row("crawl/p0")
+        driver.get(base + "/proxy/crawl/p0")  # its probe chart has the failures
+        label = driver.find_element("css selector", "svg.chart").get_attribute("aria-label") or ""
+        assert re.search(r": [1-9][0-9]* failed", label), label
 
         for name, path in VIEWS.items():
             driver.get(base + path)
@@ -158,7 +162,6 @@ def test_the_fleet_page_in_a_browser(
             assert serious_violations(driver) == [], name
         driver.get(f"{base}/proxy/{lease['key']}")
         assert "shop.example" in main()
-        assert "failed" in driver.find_element("css selector", "svg.chart").get_attribute("aria-label")
         screenshots(driver, shots, "proxy")
         assert serious_violations(driver) == []
         for secret in (lease["password"], token):
