@@ -39,6 +39,27 @@ def refused() -> HTMLResponse:
     return HTMLResponse("cross-site requests to this page are refused", status_code=403)
 
 
+def from_another_site(request: Request) -> Response | None:
+    """The answer to a request another site made, None for our own. A person following a shared link (a
+    top-level GET navigation) gets a page that continues to the same address from here, so the Strict
+    cookie goes along; anything else (a form post, a frame, an image, a fetch) is refused."""
+    if not cross_site(request):
+        return None
+    navigating = request.headers.get("sec-fetch-mode") == "navigate"
+    if request.method == "GET" and navigating and request.headers.get("sec-fetch-dest") == "document":
+        target = esc(request.url.path + (f"?{request.url.query}" if request.url.query else ""))
+        ui = ui_of(request)
+        body = f'<p><a href="{esc(ui.settings.root_path)}{target}">Continue to the page</a></p>'
+        text = page(root=ui.settings.root_path, title="Continue", body=body, who=None, refresh=False)
+        text = text.replace(
+            "<head>",
+            f'<head><meta http-equiv="refresh" content="0;url={esc(ui.settings.root_path)}{target}">',
+            1,
+        )
+        return HTMLResponse(text, headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY"})
+    return refused()
+
+
 def session_of(request: Request) -> Session | None:
     return ui_of(request).sessions.check(request.cookies.get(COOKIE))
 
@@ -62,8 +83,9 @@ def _form(root: str, *, problem: str = "") -> str:
 
 @router.get(LOGIN_PATH, response_class=HTMLResponse)
 async def login_form(request: Request) -> Response:
-    if cross_site(request):
-        return refused()
+    other = from_another_site(request)
+    if other is not None:
+        return other
     return HTMLResponse(_form(ui_of(request).settings.root_path))
 
 

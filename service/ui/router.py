@@ -8,7 +8,7 @@ from fastapi.responses import HTMLResponse, Response
 from service.api.deps import context_of
 from service.ui.fleet import FleetQuery, render_fleet
 from service.ui.html import esc, page
-from service.ui.login import cross_site, refused, session_of, to_login, ui_of
+from service.ui.login import from_another_site, session_of, to_login, ui_of
 from service.ui.views import LeaseRates, render_deletions, render_leases, render_proxy, render_stacks
 
 router = APIRouter(include_in_schema=False)
@@ -41,8 +41,9 @@ def _answer(request: Request, title: str, body: str | None, who: str) -> Respons
 
 
 async def _guard(request: Request) -> tuple[str, Response | None]:
-    if cross_site(request):
-        return "", refused()
+    other = from_another_site(request)
+    if other is not None:
+        return "", other
     session = session_of(request)
     if session is None:
         return "", to_login(request)

@@ -79,6 +79,7 @@ def serious_violations(driver: Any) -> list[str]:
     axe = Axe(driver)
     axe.inject()
     results = axe.run()
+    assert results["passes"], "axe-core checked nothing: was it injected?"
     return [
         f"{v['id']} ({v['impact']}): {v['help']} at {[n['target'] for n in v['nodes']][:3]}"
         for v in results["violations"]

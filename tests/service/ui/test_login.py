@@ -116,8 +116,13 @@ def test_cross_site_requests_are_refused(tmp_path: Path) -> None:
     with _client(_app(tmp_path)) as client:
         evil = client.post("/login", data={"token": "tok-view"}, headers={"Origin": "https://evil.example"})
         assert evil.status_code == 403
-        framed = client.get("/login", headers={"Sec-Fetch-Site": "cross-site"})
+        framed = client.get("/", headers={"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Dest": "iframe"})
         assert framed.status_code == 403
+        # A shared link followed from another site: a page that continues from here (the cookie goes then).
+        link = {"Sec-Fetch-Site": "cross-site", "Sec-Fetch-Mode": "navigate", "Sec-Fetch-Dest": "document"}
+        followed = client.get("/proxy/default/a?x=1", headers=link)
+        assert followed.status_code == 200
+        assert 'content="0;url=/proxy/default/a?x=1"' in followed.text
 
 
 def test_log_out_and_a_token_leaving_the_file_end_the_session(tmp_path: Path) -> None:
@@ -133,6 +138,16 @@ def test_log_out_and_a_token_leaving_the_file_end_the_session(tmp_path: Path) ->
         client.post("/logout", headers=_origin(client))
         client.cookies.set(COOKIE, cookie)  # a copy kept after log out
         assert (client.get("/")).status_code == 303
+
+
+def test_links_and_the_cookie_carry_the_root_path(tmp_path: Path) -> None:
+    with _client(_app(tmp_path, root_path="/ops")) as client:
+        assert client.get("/").headers["location"] == "/ops/login"
+        answer = _login(client, "tok-view")
+        assert answer.headers["location"] == "/ops/"
+        assert "Path=/ops" in answer.headers["set-cookie"]
+        client.cookies.set(COOKIE, answer.cookies[COOKIE])
+        assert 'action="/ops/logout"' in client.get("/").text
 
 
 def test_a_forged_or_other_keys_cookie_is_refused(tmp_path: Path) -> None:
