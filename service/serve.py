@@ -41,7 +41,7 @@ from service.kube.settings import KubeSettings
 from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
-from service.ui.stacks import stack_rows
+from service.ui.sources import pool_statuses, stack_rows
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +172,7 @@ def _assemble(
             stacks=stack_rows(controller, owner=settings.installation_name()),
             probes=probes,
         )
+        page.pools = pool_statuses(controller)
         if isinstance(controller, ClusterMode):
             page.leader = _leader_name(controller)
         ui.install(app, page)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from service.ui.index import FleetIndex
 from service.ui.probes import ProbeHistory
 from service.ui.session import Sessions
 from service.ui.settings import UiSettings
+from stacks.models import ProxyPoolStatus
 
 
 @dataclass(frozen=True)
@@ -61,4 +62,5 @@ class UiContext:
     limiter: LoginLimiter
     stacks: StacksSource | None = None
     probes: ProbeHistory | None = None
+    pools: Callable[[], Mapping[str, ProxyPoolStatus]] | None = None
     leader: Callable[[], str | None] | None = None  # who leads, seen from a follower (None: this replica)

@@ -11,7 +11,13 @@ from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from urllib.parse import urlencode
 
-NAV = (("Fleet", "/"), ("Stacks", "/stacks"), ("Deletions", "/deletions"), ("Lease API", "/leases"))
+NAV = (
+    ("Fleet", "/"),
+    ("Pools", "/pools"),
+    ("Stacks", "/stacks"),
+    ("Deletions", "/deletions"),
+    ("Lease API", "/leases"),
+)
 
 CSS = """
 :root{color-scheme:light dark;--bg:#fff;--fg:#1b1f24;--mute:#57606a;--line:#d0d7de;--bad:#a40e26;

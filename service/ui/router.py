@@ -9,6 +9,7 @@ from service.api.deps import context_of
 from service.ui.fleet import FleetQuery, render_fleet
 from service.ui.html import esc, page
 from service.ui.login import from_another_site, session_of, to_login, ui_of
+from service.ui.pools import render_pools
 from service.ui.views import LeaseRates, render_deletions, render_leases, render_proxy, render_stacks
 
 router = APIRouter(include_in_schema=False)
@@ -91,6 +92,20 @@ async def stacks(request: Request) -> Response:
         rows, ui.index.rows(), root=ui.settings.root_path, text=request.query_params.get("q", "")[:200]
     )
     return _answer(request, "Stacks", body, who)
+
+
+@router.get("/pools", response_class=HTMLResponse)
+async def pools(request: Request) -> Response:
+    who, stop = await _guard(request)
+    if stop is not None:
+        return stop
+    ui = ui_of(request)
+    statuses = ui.pools() if ui.pools is not None else {}
+    body = render_pools(statuses, ui.index.rows(), root=ui.settings.root_path)
+    if ui.pools is None:
+        body += "<p class='mute'>Pool status is kept by the control loop's source (directory mode); in a "
+        body += "cluster read it with <code>kubectl get proxypools</code>.</p>"
+    return _answer(request, "Pools", body, who)
 
 
 @router.get("/deletions", response_class=HTMLResponse)

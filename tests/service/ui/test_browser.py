@@ -31,7 +31,7 @@ from tests.ports import free_port
 from tests.service.ui.browser import chromium, require_browser, screenshots, serious_violations, wait_for
 
 pytestmark = pytest.mark.engine
-VIEWS = {"fleet": "/", "stacks": "/stacks", "deletions": "/deletions", "leases": "/leases"}
+VIEWS = {"fleet": "/", "pools": "/pools", "stacks": "/stacks", "deletions": "/deletions", "leases": "/leases"}
 
 
 class Serving:

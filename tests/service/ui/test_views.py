@@ -20,9 +20,11 @@ from service.inventory import Health, HealthState
 from service.settings import DiscoverySettings
 from service.status import StatusBoard
 from service.ui.fleet import FleetQuery, render_fleet, select
-from service.ui.index import FleetIndex
+from service.ui.index import FleetIndex, Row
+from service.ui.pools import render_pools
 from service.ui.probes import ProbeHistory, chart
 from service.ui.views import LeaseRates, render_deletions, render_leases
+from stacks.models import Condition, ProxyPoolStatus
 from tests.service.conftest import healthy_inventory
 
 
@@ -116,3 +118,26 @@ def test_the_probe_history_keeps_the_last_30_and_the_chart_marks_failures() -> N
     assert 'role="img"' in svg
     assert "1 failed" in svg
     assert svg.count("<rect") == 30
+
+
+def test_the_pools_view_joins_a_pools_status_and_its_childrens_phases() -> None:
+    status = ProxyPoolStatus(desired=3, ready=2, replacing=1, placements={"local": 3})
+    status.conditions.append(
+        Condition(type="Degraded", status="True", reason="ReplacementFailed", message="rolled back")
+    )
+    rows = [
+        Row(
+            key=f"crawl/p{i}",
+            pool="main",
+            provider="local",
+            stack="local",
+            phase=phase,
+            ready=True,
+            reason="",
+        )
+        for i, phase in enumerate(["Ready", "Ready", "Provisioning"])
+    ]
+    html = render_pools({"crawl/main": status}, rows, root="")
+    assert "ReplacementFailed" in html
+    assert "Provisioning 1, Ready 2" in html
+    assert 'href="/?pool=main"' in html

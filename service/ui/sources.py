@@ -1,6 +1,9 @@
-"""The stacks view's rows from what the control loop keeps: its queue's states and the outputs of each
-stack's last `up` (names only). No Pulumi CLI call; a follower has no loop, so it shows none (see
-docs/operations.md)."""
+"""What the page reads from the control loop; imported by serve only (the settings import
+`service.ui.settings`, and must not import the loop through this package).
+
+The stacks view's rows: the queue's states and the names of the outputs of each stack's last `up`, no
+Pulumi CLI call; a follower has no loop, so it shows none (docs/operations.md). The pools view's statuses:
+the pool source's, in directory mode."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ from collections.abc import Sequence
 
 from service.controller import Controller
 from service.incluster import ClusterMode
+from service.pools.source import PoolSource
 from service.ui.context import StackRow, StacksSource
+from service.ui.pools import PoolsSource
 
 
 def stack_rows(control: Controller | ClusterMode, *, owner: str) -> StacksSource:
@@ -44,3 +49,10 @@ def stack_rows(control: Controller | ClusterMode, *, owner: str) -> StacksSource
 def _wall(monotonic: float | None) -> float | None:
     """The queue's retry time is on the monotonic clock; the page shows wall time."""
     return None if monotonic is None else time.time() + (monotonic - time.monotonic())
+
+
+def pool_statuses(control: Controller | ClusterMode) -> PoolsSource | None:
+    if isinstance(control, Controller) and isinstance(control.source, PoolSource):
+        source = control.source
+        return lambda: dict(source.status)
+    return None
