@@ -3,7 +3,9 @@
 Prints figures; asserts nothing about time. The first view builds the page's index (a status decode per
 proxy, once); then a view with a filter (pool and phase) and a sort (by stack), page 2 of 50 rows, is
 rendered 50 times after one status change each (what a refresh costs while the fleet moves): median and
-p95 milliseconds, the page's size, and what the index holds in memory (tracemalloc).
+p95 milliseconds, the page's size, and what the index holds in memory (tracemalloc). Then lease answer
+times (lease + release, in process, on one event loop as in serve) for a few seconds without the page and
+with the page rendered every second: p50 and p99 of each, in the same run.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from service.api.deps import ApiContext  # noqa: E402
 from service.api.metrics import ApiMetrics  # noqa: E402
 from service.auth import TokenAuthenticator  # noqa: E402
 from service.discovery.memory import MemoryStore  # noqa: E402
-from service.discovery.service import DiscoveryService  # noqa: E402
+from service.discovery.service import DiscoveryService, LeaseQuery  # noqa: E402
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint  # noqa: E402
 from service.settings import DiscoverySettings  # noqa: E402
 from service.status import StatusBoard  # noqa: E402
@@ -118,5 +120,43 @@ async def bench() -> None:
     assert "secret" not in html
 
 
+async def lease_times(ctx: ApiContext, *, seconds: float, page_every: float | None) -> list[float]:
+    """Lease-and-release round trips for `seconds`, with the fleet page rendered every `page_every` s."""
+    index = FleetIndex(inventory=ctx.inventory, board=ctx.status)
+    index.rows()
+    query = FleetQuery(pool="pool-3", phase="Ready", sort="stack", page=2)
+    stop = time.perf_counter() + seconds
+
+    async def refresher() -> None:
+        while page_every is not None and time.perf_counter() < stop:
+            await render_fleet(ctx, index.rows(), query, root="", size=50)
+            await asyncio.sleep(page_every)
+
+    async def client(n: int) -> list[float]:
+        took = []
+        while time.perf_counter() < stop:
+            started = time.perf_counter()
+            grant = await ctx.discovery.lease(LeaseQuery(client=f"c{n}", target=f"t{len(took)}.example"))
+            await ctx.discovery.release(client=f"c{n}", lease_id=grant.leases[0].lease_id)
+            took.append(time.perf_counter() - started)
+            await asyncio.sleep(0.002)  # 8 clients at a few hundred leases a second in all
+        return took
+
+    results = await asyncio.gather(refresher(), *(client(n) for n in range(8)))
+    return sorted(t for times in results[1:] if times for t in times)
+
+
+async def bench_leases() -> None:
+    ctx = make_context()
+    ctx.discovery.settings = ctx.discovery.settings.model_copy(
+        update={"lease_share": 1.0, "lease_rate": 100_000.0, "lease_burst": 100_000, "cooldown_seconds": 0}
+    )
+    for label, every in (("without the page", None), ("page every 1 s", 1.0)):
+        times = await lease_times(ctx, seconds=5, page_every=every)
+        p50, p99 = times[len(times) // 2] * 1000, times[int(len(times) * 0.99)] * 1000
+        print(f"  leases {label}: {len(times)} round trips, p50 {p50:.2f} ms, p99 {p99:.2f} ms")
+
+
 if __name__ == "__main__":
     asyncio.run(bench())
+    asyncio.run(bench_leases())
