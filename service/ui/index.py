@@ -35,6 +35,7 @@ class FleetIndex:
     _dirty: set[str] = field(default_factory=set)
     _endpoints_changed: bool = True
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _refreshing: threading.Lock = field(default_factory=threading.Lock)  # one refresh at a time: no stale row
 
     def __post_init__(self) -> None:
         self.inventory.add_listener(self._mark_endpoints)
@@ -43,7 +44,10 @@ class FleetIndex:
             self._dirty.update(self.board.tracked())
 
     def rows(self) -> list[Row]:
-        self._refresh()
+        """Thread-safe: the page calls it in a worker thread, so the first build (a decode per status, about
+        a second for 10,000) does not stop the event loop."""
+        with self._refreshing:
+            self._refresh()
         with self._lock:
             return list(self._rows.values())
 

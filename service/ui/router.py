@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
@@ -61,7 +63,7 @@ async def fleet(request: Request) -> Response:
     stacks = {r.name: r for r in ui.stacks()} if ui.stacks is not None else {}
     body = await render_fleet(
         context_of(request),
-        ui.index.rows(),
+        await asyncio.to_thread(ui.index.rows),
         query,
         root=ui.settings.root_path,
         size=ui.settings.page_size,
@@ -89,7 +91,10 @@ async def stacks(request: Request) -> Response:
     ui = ui_of(request)
     rows = list(ui.stacks()) if ui.stacks is not None else []
     body = render_stacks(
-        rows, ui.index.rows(), root=ui.settings.root_path, text=request.query_params.get("q", "")[:200]
+        rows,
+        await asyncio.to_thread(ui.index.rows),
+        root=ui.settings.root_path,
+        text=request.query_params.get("q", "")[:200],
     )
     return _answer(request, "Stacks", body, who)
 
@@ -101,7 +106,7 @@ async def pools(request: Request) -> Response:
         return stop
     ui = ui_of(request)
     statuses = ui.pools() if ui.pools is not None else {}
-    body = render_pools(statuses, ui.index.rows(), root=ui.settings.root_path)
+    body = render_pools(statuses, await asyncio.to_thread(ui.index.rows), root=ui.settings.root_path)
     if ui.pools is None:
         body += "<p class='mute'>Pool status is kept by the control loop's source (directory mode); in a "
         body += "cluster read it with <code>kubectl get proxypools</code>.</p>"
@@ -115,7 +120,9 @@ async def deletions(request: Request) -> Response:
         return stop
     ui = ui_of(request)
     leader = ui.leader() if ui.leader is not None else None
-    body = render_deletions(context_of(request), ui.index.rows(), root=ui.settings.root_path, leader=leader)
+    body = render_deletions(
+        context_of(request), await asyncio.to_thread(ui.index.rows), root=ui.settings.root_path, leader=leader
+    )
     return _answer(request, "Deletions", body, who)
 
 

@@ -21,10 +21,13 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.wait import WebDriverWait
 
 from service.config import OperatorSettings
 from service.serve import Service, build_service, dev_token, serve
-from service.settings import HealthSettings
+from service.settings import DiscoverySettings, HealthSettings
+from service.ui.session import COOKIE
 from tests.automation.fleet import Fleet
 from tests.conftest import PulumiEnv
 from tests.ports import free_port
@@ -80,6 +83,10 @@ def _lease(base: str, headers: dict[str, str]) -> dict[str, Any]:
     raise AssertionError(f"no proxy became leasable: {answer.text}")
 
 
+def settings_discovery() -> DiscoverySettings:
+    return DiscoverySettings(penalty_base_seconds=1e6, penalty_cap_seconds=1e6)
+
+
 def _stop_process(fleet: Fleet, name: str) -> None:
     """Kill the proxy process that runs on this proxy's own config file (its stack still says it runs)."""
     [config] = [p for p in fleet.local_state.rglob("*.json") if p.stem.endswith(name)]
@@ -97,7 +104,9 @@ def test_the_fleet_page_in_a_browser(
         update={
             "listen_port": port,
             "health": HealthSettings(interval_seconds=0.5, healthy_threshold=1),
-            "deletion_budget_count": 0,  # two of three at once is over budget (share 0.5)
+            "deletion_budget_count": 0,
+            # a ban lasts uniform(0, min(cap, base)): long enough that it cannot end while the test reads it
+            "discovery": settings_discovery(),  # two of three at once is over budget (share 0.5)
             "repair_interval_seconds": 600,  # the stopped process stays stopped while the page is read
         }
     )
@@ -131,6 +140,9 @@ def test_the_fleet_page_in_a_browser(
         )
         assert ban.status_code == 200, ban.text
         wait_for(lambda: "shop.example" in row(lease["key"]), what="the ban's target", driver=driver)
+        driver.get(f"{base}/proxy/{lease['key']}")
+        assert "shop.example" in main()  # and on its own page
+        driver.get(base + "/")
 
         # A manifest that stops parsing: its proxy keeps running its last version, Held, and says why.
         (fleet.manifests / "proxy-p2.yaml").write_text("apiVersion: [unclosed\n")
@@ -161,14 +173,14 @@ def test_the_fleet_page_in_a_browser(
             screenshots(driver, shots, name)
             assert serious_violations(driver) == [], name
         driver.get(f"{base}/proxy/{lease['key']}")
-        assert "shop.example" in main()
         screenshots(driver, shots, "proxy")
         assert serious_violations(driver) == []
         for secret in (lease["password"], token):
             assert secret not in driver.page_source
 
         driver.find_element("css selector", "header form button").click()
-        assert "/login" in driver.current_url
+        WebDriverWait(driver, 10).until(expected_conditions.url_contains("/login"))
+        assert COOKIE not in {c["name"] for c in driver.get_cookies()}, "log out clears the cookie"
         driver.get(base + "/")
         assert "/login" in driver.current_url, "after log out the page asks again"
     with capsys.disabled():
