@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from service.ui.context import UiContext
-from service.ui.html import esc, href, page
+from service.ui.html import PAGE_HEADERS, esc, href, page
 from service.ui.session import COOKIE, Session
 
 LOGIN_PATH = "/login"
@@ -56,7 +56,7 @@ def from_another_site(request: Request) -> Response | None:
             f'<head><meta http-equiv="refresh" content="0;url={esc(ui.settings.root_path)}{target}">',
             1,
         )
-        return HTMLResponse(text, headers={"Cache-Control": "no-store", "X-Frame-Options": "DENY"})
+        return HTMLResponse(text, headers=PAGE_HEADERS)
     return refused()
 
 
@@ -86,7 +86,7 @@ async def login_form(request: Request) -> Response:
     other = from_another_site(request)
     if other is not None:
         return other
-    return HTMLResponse(_form(ui_of(request).settings.root_path))
+    return HTMLResponse(_form(ui_of(request).settings.root_path), headers=PAGE_HEADERS)
 
 
 @router.post(LOGIN_PATH, response_class=HTMLResponse)
@@ -99,12 +99,14 @@ async def login(request: Request) -> Response:
     wait = ui.limiter.allow(source)
     if wait is not None:
         text = _form(root, problem=f"too many tries from {source}: wait {wait:.0f} s")
-        return HTMLResponse(text, status_code=429, headers={"Retry-After": str(max(1, round(wait)))})
+        headers = {"Retry-After": str(max(1, round(wait))), **PAGE_HEADERS}
+        return HTMLResponse(text, status_code=429, headers=headers)
     fields = parse_qs((await request.body()).decode("utf-8", "replace"))
     token = (fields.get("token") or [""])[0].strip()
     started = ui.sessions.start(token) if token else None
     if started is None:
-        return HTMLResponse(_form(root, problem="unknown token, or no view scope"), status_code=401)
+        problem = _form(root, problem="unknown token, or no view scope")
+        return HTMLResponse(problem, status_code=401, headers=PAGE_HEADERS)
     cookie, session = started
     answer = RedirectResponse(root + "/", status_code=303)
     answer.set_cookie(

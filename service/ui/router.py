@@ -9,13 +9,13 @@ from fastapi.responses import HTMLResponse, Response
 
 from service.api.deps import context_of
 from service.ui.fleet import FleetQuery, render_fleet
-from service.ui.html import esc, page
+from service.ui.html import PAGE_HEADERS, esc, page
 from service.ui.login import from_another_site, session_of, to_login, ui_of
 from service.ui.pools import render_pools
 from service.ui.views import LeaseRates, render_deletions, render_leases, render_proxy, render_stacks
 
 router = APIRouter(include_in_schema=False)
-HEADERS = {"Cache-Control": "no-store", "X-Frame-Options": "DENY", "Referrer-Policy": "same-origin"}
+HEADERS = PAGE_HEADERS
 
 
 def _answer(request: Request, title: str, body: str | None, who: str) -> Response:

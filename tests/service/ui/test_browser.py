@@ -131,6 +131,12 @@ def test_the_fleet_page_in_a_browser(
             driver=driver,
         )
         assert "local-dev" in driver.find_element("tag name", "header").text  # who is signed in
+        # The page's own style and script run under its Content-Security-Policy; the refresh pauses.
+        assert driver.find_element("tag name", "header").value_of_css_property("display") == "flex"
+        driver.find_element("id", "pause").click()
+        WebDriverWait(driver, 5).until(lambda d: d.find_element("id", "countdown").text == "paused")
+        driver.find_element("id", "pause").click()
+        WebDriverWait(driver, 5).until(lambda d: d.find_element("id", "countdown").text != "paused")
 
         # The lease taken through the API shows on its proxy's row, with its client.
         row = lambda key: driver.find_element("xpath", f"//tr[td/a[text()='{key}']]").text  # noqa: E731
