@@ -38,6 +38,8 @@ tests() {
   want ip iproute2 "tests/security/test_netns_egress.py gives the namespace its test-owned addresses"
   want unshare util-linux "tests/security/test_netns_egress.py makes the network namespace"
   want setpriv util-linux "tests/security/test_netns_egress.py connects as the proxy daemon's user"
+  want chromium chromium "tests/service/ui/test_browser.py shows the fleet page in a headless browser"
+  want chromedriver chromium-driver "Selenium drives that chromium (tests/service/ui/browser.py)"
 }
 
 case "${1:-}" in

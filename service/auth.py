@@ -24,6 +24,11 @@ class Scope(StrEnum):
     lease = "lease"
     report = "report"
     admin = "admin"
+    view = "view"  # the fleet page (service/ui); admin implies it
+
+
+def can_view(scopes: frozenset[Scope]) -> bool:
+    return Scope.view in scopes or Scope.admin in scopes
 
 
 class TokenEntry(BaseModel):
@@ -58,6 +63,12 @@ class TokenFileError(ValueError):
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def fingerprint_of(sha256: str) -> str:
+    """A hash of the entry's hash: a session names its token's entry with it, and a new token for the same
+    name (a rotation) ends the sessions of the old one."""
+    return hashlib.sha256(b"session:" + sha256.encode()).hexdigest()[:32]
 
 
 def parse_tokens(text: str, *, source: str = "tokens") -> list[TokenEntry]:
@@ -98,6 +109,22 @@ class TokenAuthenticator:
             if hmac.compare_digest(digest, sha256):
                 found = client
         return found
+
+    def by_fingerprint(self, name: str, fingerprint: str) -> Client | None:
+        """The client whose entry has this name and fingerprint (a page session's), if still in the file."""
+        self._maybe_reload()
+        for sha256, client in self._entries:
+            if client.name == name and hmac.compare_digest(fingerprint_of(sha256.decode()), fingerprint):
+                return client
+        return None
+
+    def fingerprint(self, token: str) -> str | None:
+        """A value naming the token's entry without being usable as a credential (the session keeps it)."""
+        return fingerprint_of(hash_token(token)) if self.authenticate(token) is not None else None
+
+    def client_names(self) -> list[str]:
+        self._maybe_reload()
+        return [client.name for _sha256, client in self._entries]
 
     def _set_entries(self, entries: list[TokenEntry]) -> None:
         # What each check needs, made once per load rather than per request.

@@ -6,6 +6,7 @@ for the nested discovery and health settings). docs/operations.md describes each
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from collections.abc import Callable
@@ -18,6 +19,9 @@ from automation.backoff import BackoffPolicy
 from automation.engine import EngineConfig
 from automation.engine.config import find_pulumi
 from service.settings import DiscoverySettings, HealthSettings
+from service.ui.settings import UiSettings
+
+log = logging.getLogger(__name__)
 
 
 class FolderOverlap(ValueError):
@@ -107,6 +111,7 @@ class OperatorSettings(BaseSettings):
     )
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    ui: UiSettings = Field(default_factory=UiSettings)
 
     def backoff(self) -> BackoffPolicy:
         return BackoffPolicy(base=self.backoff_base_seconds, cap=self.backoff_cap_seconds)
@@ -138,6 +143,19 @@ class OperatorSettings(BaseSettings):
             installation=self.installation_name(),
             probe_url=self.health.probe_url,  # serve sets its default (the bound port) before building
         )
+
+    def ui_session_key(self) -> bytes:
+        """The key that signs page sessions: the file's (a Secret, the same on every replica), else one made
+        once beside the state (valid on this replica only when the state folder is the pod's own)."""
+        path = self.ui.session_key_file
+        key = path.read_bytes().strip() if path is not None and path.is_file() else b""
+        if key and len(key) < 32:
+            raise ValueError(f"{path}: the page's session key must be at least 32 characters")
+        if not key and path is not None:
+            log.warning(
+                "%s is missing or empty: page sessions are signed with a key of this replica only", path
+            )
+        return key or secret_file(self.state_dir / "ui-session-key").encode()
 
     def installation_name(self) -> str:
         if self.installation:

@@ -21,6 +21,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from automation.inspect import StackInspector
+from service import ui
 from service.api import create_app
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.config import OperatorSettings, secret_file
@@ -40,10 +41,11 @@ from service.kube.settings import KubeSettings
 from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
+from service.ui.sources import pool_statuses, stack_rows
 
 log = logging.getLogger(__name__)
 
-ALL_SCOPES = ["lease", "report", "admin"]
+ALL_SCOPES = ["lease", "report", "admin", "view"]
 
 
 @dataclass
@@ -120,6 +122,7 @@ def _assemble(
             settings=settings, kube=kube, api=api_client(kube.kubeconfig), inventory=inventory
         )
     registry = CollectorRegistry()
+    probes = ui.ProbeHistory()  # the fleet page's chart of each proxy's last probes
     listen_port = listener.getsockname()[1]
     health = HealthEngine(
         inventory=inventory,
@@ -136,6 +139,7 @@ def _assemble(
         jitter=settings.health.jitter,
         concurrency=settings.health.concurrency,
         on_transition=_health_to_status(controller),
+        on_probe=probes.record,
     )
     discovery = DiscoveryService(
         inventory=inventory,
@@ -158,7 +162,20 @@ def _assemble(
         status_board=controller.status,
         ready_checks=(_loop_check(controller), prober.ready, _leases_check(inventory)),
         deletions=controller,
+        body_exempt={ui.LOGIN_PATH: ui.LOGIN_BODY_LIMIT} if settings.ui.enabled else None,
     )
+    if settings.ui.enabled:
+        page = ui.build(
+            app.state.context,
+            settings=settings.ui,
+            key=settings.ui_session_key(),
+            stacks=stack_rows(controller, owner=settings.installation_name()),
+            probes=probes,
+        )
+        page.pools = pool_statuses(controller)
+        if isinstance(controller, ClusterMode):
+            page.leader = _leader_name(controller)
+        ui.install(app, page)
     config = uvicorn.Config(
         app,
         host=settings.listen_host,
@@ -248,6 +265,10 @@ def dev_token(state_dir: Path) -> str:
 
 def _probe_host(settings: OperatorSettings) -> str:
     return "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::", "") else settings.listen_host
+
+
+def _leader_name(cluster: ClusterMode) -> Callable[[], str | None]:
+    return lambda: None if cluster.leading else (cluster.elector.holder() or "nobody yet")
 
 
 def _loop_check(controller: Controller | ClusterMode) -> Callable[[], Awaitable[str | None]]:

@@ -21,6 +21,7 @@ from service.auth import parse_tokens
 from service.config import OperatorSettings
 from service.kube.settings import KubeSettings
 from service.settings import DiscoverySettings, HealthSettings
+from service.ui.settings import UiSettings
 from stacks.catalogue import parse_catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,6 +220,7 @@ def test_every_operator_variable_is_a_real_setting() -> None:
     known |= {f"PROXY_OPERATOR_DISCOVERY_{name.upper()}" for name in DiscoverySettings.model_fields}
     known |= {f"PROXY_OPERATOR_HEALTH_{name.upper()}" for name in HealthSettings.model_fields}
     known |= {f"PROXY_OPERATOR_KUBE_{name.upper()}" for name in KubeSettings.model_fields}
+    known |= {f"PROXY_OPERATOR_UI_{name.upper()}" for name in UiSettings.model_fields}
     names = {e["name"] for e in container()["env"] if e["name"].startswith("PROXY_OPERATOR_")}
     assert names, "no PROXY_OPERATOR_* variable at all?"
     assert names - known - PROGRAM_ENV == set()
@@ -340,9 +342,19 @@ def test_each_kubernetes_entry_namespace_has_a_role_for_its_workloads() -> None:
 def test_the_samples_parse_with_the_service_own_models() -> None:
     assert parse_catalogue(one("ConfigMap", "proxy-operator-providers")).names()
     tokens = one("Secret", "proxy-operator-tokens")["stringData"]["tokens.yaml"]
-    assert {entry.name for entry in parse_tokens(tokens)} == {"crawler-fleet", "ops"}
+    scopes = {entry.name: set(entry.scopes) for entry in parse_tokens(tokens)}
+    assert scopes == {
+        "crawler-fleet": {"lease", "report"},
+        "ops": {"lease", "report", "admin"},
+        "on-call": {"view"},
+    }
     env = {e["name"]: e.get("value") for e in container()["env"]}
     assert Path(env["PROXY_OPERATOR_DISCOVERY_TOKENS_FILE"]).name == "tokens.yaml"
+    # the page's session key sits beside the tokens, in the same Secret (one key for every replica)
+    assert (
+        Path(env["PROXY_OPERATOR_UI_SESSION_KEY_FILE"]).parent
+        == Path(env["PROXY_OPERATOR_DISCOVERY_TOKENS_FILE"]).parent
+    )
 
 
 # --- docs -----------------------------------------------------------------------------------------------
@@ -351,10 +363,15 @@ def test_the_samples_parse_with_the_service_own_models() -> None:
 def test_operations_doc_lists_every_setting() -> None:
     text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
     for name in OperatorSettings.model_fields:
-        if name in ("discovery", "health"):
+        if name in ("discovery", "health", "ui"):
             continue  # nested trees: their fields are listed below
         assert f"`PROXY_OPERATOR_{name.upper()}`" in text, name
-    nested = (("DISCOVERY_", DiscoverySettings), ("HEALTH_", HealthSettings), ("KUBE_", KubeSettings))
+    nested = (
+        ("DISCOVERY_", DiscoverySettings),
+        ("HEALTH_", HealthSettings),
+        ("KUBE_", KubeSettings),
+        ("UI_", UiSettings),
+    )
     for prefix, model in nested:
         for name in model.model_fields:
             assert f"`PROXY_OPERATOR_{prefix}{name.upper()}`" in text, name

@@ -11,7 +11,18 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 SCRIPT = ROOT / "scripts" / "install-system-deps.sh"
-TEST_PROGRAMS = {"redis-server", "pgrep", "ssh-keygen", "openssl", "nft", "ip", "unshare", "setpriv"}
+TEST_PROGRAMS = {
+    "redis-server",
+    "pgrep",
+    "ssh-keygen",
+    "openssl",
+    "nft",
+    "ip",
+    "unshare",
+    "setpriv",
+    "chromium",
+    "chromedriver",
+}
 
 
 def _stub(folder: Path, name: str, body: str = "exit 0") -> None:
@@ -70,3 +81,13 @@ def test_without_root_it_names_the_packages_and_the_command(tmp_path: Path) -> N
     assert "missing redis-server (Debian package redis-server)" in result.stdout
     assert "sudo apt-get install -y redis-server" in result.stderr
     assert not log.exists()
+
+
+def test_the_browser_and_its_driver_come_from_debian(tmp_path: Path) -> None:
+    log, env = _machine(tmp_path, present=TEST_PROGRAMS - {"chromium", "chromedriver"})
+    result = _run(env, "test")
+    assert result.returncode == 0, result.stderr
+    assert "missing chromedriver (Debian package chromium-driver)" in result.stdout
+    assert (
+        log.read_text().splitlines()[1] == "install -y -qq --no-install-recommends chromium chromium-driver"
+    )

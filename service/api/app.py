@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -63,8 +63,10 @@ def create_app(
     ready_checks: Sequence[ReadyCheck] = (),
     deletions: DeletionGate | None = None,
     lifespan: Any = None,
+    body_exempt: Mapping[str, int] | None = None,
 ) -> FastAPI:
-    """Build the app. `registry` should be the one the health engine's metrics use, so /metrics shows both."""
+    """Build the app. `registry` should be the one the health engine's metrics use, so /metrics shows both.
+    `body_exempt`: POST paths that take a body without a token, each with its limit (the page's log in)."""
     registry = registry or CollectorRegistry()
     app = FastAPI(
         title="proxy-operator discovery API",
@@ -94,7 +96,7 @@ def create_app(
     )
     app.add_middleware(ClientPacing)  # after BodyGuard named the client, before any lease work
     app.add_middleware(  # outside the fast path, which reads the body too
-        BodyGuard, authenticator=authenticator, limit=discovery.settings.max_body_bytes
+        BodyGuard, authenticator=authenticator, limit=discovery.settings.max_body_bytes, exempt=body_exempt
     )
     app.add_middleware(RequestIdMiddleware)
     app.include_router(probes.router)  # probes take what kubelets and Prometheus send

@@ -6,9 +6,15 @@ above 0 or a Transfer-Encoding) must present a known bearer token before a byte 
 Then the body is counted as it streams in, since Content-Length may be absent (chunked) or wrong: a declared
 length above the limit is a 413 at once, and a stream that passes it is cut at the limit with a 413.
 The client found here is kept in the scope's state, so the route's dependency does not hash the token again.
+
+Named exceptions (`exempt`: a POST path and its own smaller limit) take a body without a token: the fleet
+page's log in form (service/ui/login.py), which is where a token arrives, 1 KiB at most and rate limited by
+source in its route.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
@@ -29,10 +35,18 @@ class BodyTooLarge(HTTPException):
 
 
 class BodyGuard:
-    def __init__(self, app: ASGIApp, *, authenticator: TokenAuthenticator, limit: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        authenticator: TokenAuthenticator,
+        limit: int,
+        exempt: Mapping[str, int] | None = None,
+    ) -> None:
         self.app = app
         self._authenticator = authenticator
         self.limit = limit
+        self._exempt = dict(exempt or {})  # POST path -> its limit; no token asked
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -42,13 +56,15 @@ class BodyGuard:
         if not has_body:
             await self.app(scope, receive, send)
             return
-        refusal = self._refuse_client(scope)
-        if refusal is None and declared is not None and declared > self.limit:
-            refusal = _too_large(scope, self.limit)
+        limit = self._exempt.get(scope["path"]) if scope["method"] == "POST" else None
+        refusal = self._refuse_client(scope) if limit is None else None
+        limit = self.limit if limit is None else limit
+        if refusal is None and declared is not None and declared > limit:
+            refusal = _too_large(scope, limit)
         if refusal is not None:
             await refusal(scope, receive, send)
             return
-        await _Capped(self.app, limit=self.limit)(scope, receive, send)
+        await _Capped(self.app, limit=limit)(scope, receive, send)
 
     def _refuse_client(self, scope: Scope) -> JSONResponse | None:
         scheme, _, token = _authorization(scope).partition(" ")

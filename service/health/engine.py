@@ -61,6 +61,7 @@ class HealthEngine:
         jitter: float = 0.1,
         concurrency: int = 200,
         on_transition: TransitionSink | None = None,
+        on_probe: Callable[[str, Health], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -73,6 +74,7 @@ class HealthEngine:
         self._jitter = jitter
         self._semaphore = asyncio.Semaphore(concurrency)
         self._on_transition = on_transition
+        self._on_probe = on_probe  # every probe's result (the fleet page's probe history); must be quick
         self._clock = clock
         self._wall = wall_clock
         self._rng = rng or random.Random()
@@ -157,6 +159,8 @@ class HealthEngine:
             decisive=decisive,
         )
         self._inventory.set_health(key, current)
+        if self._on_probe is not None:
+            self._on_probe(key, current)
         if current.state is not previous.state:
             self._metrics.transitions.labels(current.state.value).inc()
             await self._emit(

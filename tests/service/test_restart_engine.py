@@ -21,7 +21,7 @@ import pytest
 
 from service.config import OperatorSettings
 from service.serve import Service, build_service, dev_token, serve
-from service.settings import HealthSettings
+from service.settings import DiscoverySettings, HealthSettings
 from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
 from tests.ports import free_port
@@ -144,6 +144,7 @@ def _impostor_fleet(pulumi_env: PulumiEnv, tmp_path: Path) -> tuple[Fleet, dict[
         backoff_base_seconds=0.2,
         backoff_cap_seconds=1.0,
         health=HealthSettings(interval_seconds=0.5, healthy_threshold=1),
+        discovery=DiscoverySettings(lease_share=1.0),  # one lease call takes both proxies
     )
     return fleet, ports, settings
 

@@ -1,0 +1,66 @@
+"""What the page reads, passed in explicitly: the API's context plus the page's own parts."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from service.ui.index import FleetIndex
+from service.ui.probes import ProbeHistory
+from service.ui.session import Sessions
+from service.ui.settings import UiSettings
+from stacks.models import ProxyPoolStatus
+
+
+@dataclass(frozen=True)
+class StackRow:
+    """One stack as the page shows it, from what the service keeps (queue state, applied outputs)."""
+
+    name: str
+    owner: str
+    state: str  # the queue's word: idle, queued, running, backoff, failed, stalled
+    runs: int = 0
+    consecutive_failures: int = 0
+    reason: str | None = None
+    error: str | None = None
+    next_retry_at: float | None = None
+    outputs: Sequence[str] = ()  # output names; values are never shown (they hold credentials)
+
+
+StacksSource = Callable[[], Sequence[StackRow]]
+
+
+@dataclass
+class LoginLimiter:
+    """At most `attempts` log in tries per source address per minute (a sliding window)."""
+
+    attempts: int
+    clock: Callable[[], float] = time.monotonic
+    _tries: dict[str, deque[float]] = field(default_factory=dict)
+
+    def allow(self, source: str) -> float | None:
+        """None if this try may go on, else seconds until one may."""
+        now = self.clock()
+        tries = self._tries.setdefault(source, deque())
+        while tries and tries[0] <= now - 60:
+            tries.popleft()
+        if len(tries) >= self.attempts:
+            return 60 - (now - tries[0])
+        tries.append(now)
+        if len(self._tries) > 10_000:  # forget idle sources rather than grow
+            self._tries = {k: v for k, v in self._tries.items() if v and v[-1] > now - 60}
+        return None
+
+
+@dataclass
+class UiContext:
+    settings: UiSettings
+    sessions: Sessions
+    index: FleetIndex
+    limiter: LoginLimiter
+    stacks: StacksSource | None = None
+    probes: ProbeHistory | None = None
+    pools: Callable[[], Mapping[str, ProxyPoolStatus]] | None = None
+    leader: Callable[[], str | None] | None = None  # who leads, seen from a follower (None: this replica)

@@ -1,0 +1,143 @@
+"""The views without a browser: the index refreshes only what changed; filter, sort and pages; the held
+deletion with the one command that allows it; links under the root path."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from automation.deletion_budget import DeletionBudget, HeldDeletion
+from service.api.deps import ApiContext
+from service.api.metrics import ApiMetrics
+from service.auth import TokenAuthenticator
+from service.discovery.memory import MemoryStore
+from service.discovery.service import DiscoveryService
+from service.inventory import Health, HealthState
+from service.settings import DiscoverySettings
+from service.status import StatusBoard
+from service.ui.fleet import FleetQuery, render_fleet, select
+from service.ui.index import FleetIndex, Row
+from service.ui.pools import render_pools
+from service.ui.probes import ProbeHistory, chart
+from service.ui.views import LeaseRates, render_deletions, render_leases
+from stacks.models import Condition, ProxyPoolStatus
+from tests.service.conftest import healthy_inventory
+
+
+@dataclass
+class Gate:
+    held_deletion: HeldDeletion | None
+    budget: DeletionBudget = field(default_factory=DeletionBudget)
+
+    def allow_deletions(self, change_id: str) -> bool:
+        return False
+
+
+def _context(names: list[str], **extra: Any) -> ApiContext:
+    inventory = healthy_inventory(names, **extra)
+    registry = CollectorRegistry()
+    return ApiContext(
+        inventory=inventory,
+        discovery=DiscoveryService(inventory=inventory, store=MemoryStore(), settings=DiscoverySettings()),
+        authenticator=TokenAuthenticator([]),
+        registry=registry,
+        metrics=ApiMetrics(registry),
+        status=StatusBoard(),
+    )
+
+
+def test_the_index_decodes_only_the_statuses_that_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = _context([f"p{i}" for i in range(200)])
+    board = ctx.status
+    assert board is not None
+    for i in range(200):
+        board.set_condition(f"default/p{i}", type_="Provisioned", true=True, reason="Provisioned")
+    index = FleetIndex(inventory=ctx.inventory, board=board)
+    assert len(index.rows()) == 200
+    decoded: list[str] = []
+    published = board.published
+    monkeypatch.setattr(board, "published", lambda key: decoded.append(key) or published(key))
+    board.set_condition("default/p7", type_="Healthy", true=False, reason="ProbeFailed", message="refused")
+    rows = {r.key: r for r in index.rows()}
+    assert decoded == ["default/p7"]
+    assert (rows["default/p7"].phase, rows["default/p7"].ready) == ("Degraded", False)
+    index.rows()
+    assert decoded == ["default/p7"]  # nothing changed since: nothing decoded
+
+
+def test_filter_sort_and_pages() -> None:
+    ctx = _context([f"p{i:03}" for i in range(120)])
+    rows = FleetIndex(inventory=ctx.inventory, board=None).rows()
+    assert len(select(rows, FleetQuery(text="p01"))) == 10
+    assert select(rows, FleetQuery(pool="other")) == []
+    assert select(rows, FleetQuery(sort="key"))[0].key == "default/p000"
+    html = asyncio.run(render_fleet(ctx, rows, FleetQuery(page=3), root="/ops", size=50))
+    assert html.count("<tr>") == 1 + 20  # the header and the last 20
+    assert 'href="/ops/?page=2"' in html
+    assert 'href="/ops/proxy/default/p100"' in html
+    assert "p@ss word" not in html
+
+
+def test_a_held_deletion_shows_its_id_and_the_exact_ways_to_allow_it() -> None:
+    ctx = _context(["a"])
+    held = HeldDeletion(change_id="c0ffee12", keys=("crawl/p1", "crawl/p2"), fleet=3)
+    ctx.deletions = Gate(held)
+    html = render_deletions(ctx, [], root="/ops")
+    assert "c0ffee12" in html
+    assert "/ops/v1/deletions/c0ffee12/allow" in html
+    assert "proxy-operator up --allow-deletions c0ffee12" in html
+    assert "crawl/p1, crawl/p2" in html
+    follower = render_deletions(_context(["a"]), [], root="", leader="pod-0")
+    assert "pod-0" in follower
+
+
+def test_the_lease_view_reads_the_services_own_counters() -> None:
+    ctx = _context(["a"])
+    ctx.metrics.leases.labels(outcome="ok").inc(3)
+    ctx.metrics.leases.labels(outcome="no_proxy_available").inc()
+    ctx.metrics.lease_seconds.observe(0.004)
+    html = render_leases(LeaseRates(ctx.registry))
+    assert "no_proxy_available" in html
+    assert ">3<" in html
+
+
+def test_the_probe_history_keeps_the_last_30_and_the_chart_marks_failures() -> None:
+    history = ProbeHistory()
+    for n in range(40):
+        history.record("default/a", Health(state=HealthState.healthy, last_latency_seconds=0.001 * n))
+    history.record("default/a", Health(state=HealthState.unhealthy, consecutive_failures=1))
+    series = history.series("default/a")
+    assert len(series) == 30
+    assert series[-1] is None
+    assert series[0] == pytest.approx(0.011)
+    svg = chart(series)
+    assert 'role="img"' in svg
+    assert "1 failed" in svg
+    assert svg.count("<rect") == 30
+
+
+def test_the_pools_view_joins_a_pools_status_and_its_childrens_phases() -> None:
+    status = ProxyPoolStatus(desired=3, ready=2, replacing=1, placements={"local": 3})
+    status.conditions.append(
+        Condition(type="Degraded", status="True", reason="ReplacementFailed", message="rolled back")
+    )
+    rows = [
+        Row(
+            key=f"crawl/p{i}",
+            pool="main",
+            provider="local",
+            stack="local",
+            phase=phase,
+            ready=True,
+            reason="",
+        )
+        for i, phase in enumerate(["Ready", "Ready", "Provisioning"])
+    ]
+    html = render_pools({"crawl/main": status}, rows, root="")
+    assert "ReplacementFailed" in html
+    assert "Provisioning 1, Ready 2" in html
+    assert 'href="/?pool=main"' in html
