@@ -184,8 +184,8 @@ class Controller:
         dirty |= self._requested_runs(change.requested)
         for packed in upserts:
             self.reporter.report_validity(packed.key, deleting=packed.deleting)
-        if change.catalogue is not None or change.upserts or change.deletions or change.held:
-            self.reporter.report_source_holds(change)
+        if change.catalogue is not None or change.upserts or change.deletions or change.held or change.reread:
+            self.reporter.report_source_holds(change)  # reread: a file restored unchanged ends its hold
         if self._backend_seen and self.source.catalogue is not None:
             for name in sorted(dirty):
                 self.queue.submit(name, generation_hint=self._hint(name))

@@ -99,6 +99,7 @@ class SourceChange:
     held: dict[str, Hold] = field(default_factory=dict)
     problems: list[Problem] = field(default_factory=list)
     requested: set[str] = field(default_factory=set)  # Proxies whose stack must run now (their inputs)
+    reread: bool = False  # the source judged its whole input again: `held` is all it holds now
 
     @property
     def empty(self) -> bool:

@@ -118,7 +118,7 @@ class DirectorySource:
 
     def _reload(self, found: ManifestSet, *, fresh: bool) -> SourceChange:
         self._rejudge = False
-        change = SourceChange(problems=list(found.problems))
+        change = SourceChange(problems=list(found.problems), reread=True)
         self._secrets = _load_secrets(found, change.problems)
         self._take_catalogue(found, change)
         change.complete = _is_complete(found, change.problems, has_catalogue=found.catalogue is not None)

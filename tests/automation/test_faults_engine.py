@@ -256,3 +256,24 @@ def test_up_stops_a_large_removal_and_allow_deletions_lets_that_change_through(f
         assert [accepts(port) for port in ports.values()] == [False] * 6 + [True]
 
     asyncio.run(fleet.run(scenario))
+
+
+def test_a_manifest_restored_byte_for_byte_ends_its_hold(fleet: Fleet) -> None:
+    """The file of a running proxy stops parsing, then comes back exactly as it was: the proxy is Ready
+    again. Before: its content equalled what the source had emitted, so the reread carried no upsert and no
+    hold, the controller did not report the source's holds, and the proxy stayed Held (ManifestUnreadable)
+    until some other change (found by the fleet page's browser test)."""
+
+    async def scenario() -> None:
+        ports = _baseline(fleet)
+        controller = await fleet.apply()
+        before = (fleet.manifests / "proxy-a.yaml").read_bytes()
+        _yaml_error(fleet, ports)
+        await fleet.apply(controller)
+        assert _held(controller, "crawl/a") == "ManifestUnreadable"
+        (fleet.manifests / "proxy-a.yaml").write_bytes(before)
+        await fleet.apply(controller)
+        assert _held(controller, "crawl/a") is None, controller.status.get("crawl/a").conditions
+        assert controller.status.get("crawl/a").phase == "Ready"
+
+    asyncio.run(fleet.run(scenario))

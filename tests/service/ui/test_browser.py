@@ -157,7 +157,7 @@ def test_the_fleet_page_in_a_browser(
             assert words in row("crawl/p2")
         # A mass deletion (two of three): held, with its id and the one command that lets it through.
         fleet.write_proxy("p2", port=PORTS["p2"], pool="main")
-        # (p2 stays Held after its file is restored unchanged, in /v1/status too: see docs/decisions.md)
+        wait_for(lambda: "Held" not in row("crawl/p2"), what="p2 no longer held", driver=driver)
         fleet.remove_proxy("p1")
         fleet.remove_proxy("p2")
         driver.get(base + "/deletions")
