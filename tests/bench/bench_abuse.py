@@ -188,11 +188,17 @@ class Round:
 
 
 def _proxies(folder: Path, site_port: int) -> tuple[list[dict[str, Any]], list[Process]]:
-    """The forward proxies, listening, with their control sockets."""
+    """The forward proxies, listening, with their control sockets, allowed to reach the site."""
+    return start_proxies(folder, [{"cidr": "127.0.0.1/32", "ports": [site_port]}])
+
+
+def start_proxies(folder: Path, allow: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Process]]:
+    """PROXIES forward proxies whose egress allows `allow`, listening, with their control sockets (the
+    Scrapy bench starts its own with this)."""
     from stacks.forward_proxy.config import ProxyConfig
     from stacks.models import EgressSpec
 
-    egress = EgressSpec.model_validate({"allow": [{"cidr": "127.0.0.1/32", "ports": [site_port]}]})
+    egress = EgressSpec.model_validate({"allow": allow})
     described: list[dict[str, Any]] = []
     started: list[Process] = []
     for i in range(PROXIES):

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from abuse_clients import COOLDOWN  # noqa: E402
-from bench_abuse import PROXIES, Process, _child, _stop, _wait_listening  # noqa: E402
+from bench_abuse import PROXIES, Process, _child, _stop, _wait_listening, start_proxies  # noqa: E402
 
 from tests.ports import free_port  # noqa: E402
 
@@ -95,29 +95,8 @@ class Round:
 
 
 def _proxies(folder: Path, ports: dict[str, int]) -> tuple[list[dict[str, Any]], list[Process]]:
-    from stacks.forward_proxy.config import ProxyConfig
-    from stacks.models import EgressSpec
-
     allow = [{"cidr": f"{U_HOST}/32", "ports": [ports["U"]]}, {"cidr": f"{B_HOST}/32", "ports": [ports["B"]]}]
-    egress = EgressSpec.model_validate({"allow": allow})
-    described: list[dict[str, Any]] = []
-    started: list[Process] = []
-    for i in range(PROXIES):
-        port, password, control = free_port(), secrets.token_urlsafe(12), folder / f"p{i}.ctl"
-        config = ProxyConfig(
-            bind="127.0.0.1", port=port, protocol="http", egress=egress, username="static",
-            password=password, control=str(control),
-        )  # fmt: skip
-        config.write(folder / f"p{i}.json")
-        started.append(_child("-m", "stacks.forward_proxy", str(folder / f"p{i}.json")))
-        described.append({"key": f"bench/p{i}", "port": port, "password": password, "control": str(control)})
-    try:
-        for proxy, process in zip(described, started, strict=True):
-            _wait_listening(proxy["port"], process, "forward proxy", Path(proxy["control"]))
-    except BaseException:
-        _stop(*started)
-        raise
-    return described, started
+    return start_proxies(folder, allow)
 
 
 def one_run(kind: str, bench: Round) -> Result:
