@@ -56,13 +56,23 @@ def chromium() -> Iterator[Any]:
 def wait_for(check: Callable[[], bool], *, what: str, driver: Any, timeout: float = 60) -> None:
     """Reload the page until `check()` holds, as a person waiting for the auto-refresh would."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while not _holds(check):
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"the page never showed {what}; it shows:\n{driver.find_element('tag name', 'main').text}"
             )
         time.sleep(0.5)
         driver.refresh()
+
+
+def _holds(check: Callable[[], bool]) -> bool:
+    """`check()`, False when the page was replaced under it (its own auto-refresh): look again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    try:
+        return check()
+    except StaleElementReferenceException:
+        return False
 
 
 def screenshots(driver: Any, folder: Path, name: str) -> None:
