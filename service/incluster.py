@@ -37,6 +37,7 @@ from service.kube.pools import ClusterPools
 from service.kube.refs import ProxyRef
 from service.kube.settings import KubeSettings
 from service.kube.status_writer import StatusWriter
+from service.kube.summary import SummaryPublisher, SummaryReader
 from service.pools.signals import PoolSignals
 from service.reporter import endpoint_of
 from service.sources.kubernetes import KubernetesSource
@@ -111,6 +112,12 @@ class ClusterMode:
         self._budget = DeletionBudget(
             max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
         )
+        # What only the leader knows, for the followers' page (service/kube/summary.py): serve sets the
+        # content (`set_summary`); the leader publishes it every poll it changed, a follower reads it.
+        self.summary = SummaryPublisher(api, kube, leading=lambda: self.leading)
+        self.summary_reader = SummaryReader(api, kube)
+        self._summary: Callable[[], dict[str, Any]] | None = None
+        self._publishing: asyncio.Task[bool] | None = None
 
     # --- the face the API and the health sink use ------------------------------------------------------
 
@@ -153,6 +160,10 @@ class ClusterMode:
         """The health engine's run: started with each term, stopped with it."""
         self._prober = prober
 
+    def set_summary(self, content: Callable[[], dict[str, Any]]) -> None:
+        """What the leader publishes for the followers (the held deletion, stacks, pools as JSON values)."""
+        self._summary = content
+
     # --- running ----------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -170,10 +181,29 @@ class ClusterMode:
             while not stop.is_set():
                 if not self.leading:
                     self.follow_inventory()
+                else:
+                    self._publish_summary()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.settings.poll_seconds)
         finally:
             await election  # steps down (the term closes) and releases the Lease
+            if self._publishing is not None:
+                await asyncio.gather(self._publishing, return_exceptions=True)
+
+    def _publish_summary(self) -> None:
+        """One write at a time, in a worker thread: an unreachable apiserver never holds up the loop."""
+        if self._summary is None or self.controller is None:
+            return
+        if self._publishing is not None and not self._publishing.done():
+            return
+        try:
+            content = self._summary()
+        except Exception:  # the summary is informative; its failure must not stop the leader's loop
+            log.exception("cannot build the leader's summary")
+            return
+        self._publishing = asyncio.create_task(
+            asyncio.to_thread(self.summary.publish, content, term=self.terms), name="summary"
+        )
 
     async def close(self) -> None:
         await self._follow()

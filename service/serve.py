@@ -41,7 +41,7 @@ from service.kube.settings import KubeSettings
 from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
-from service.ui.sources import pool_statuses, stack_rows
+from service.ui.sources import held_deletion, pool_statuses, provenance, stack_rows, summary_content
 
 log = logging.getLogger(__name__)
 
@@ -173,9 +173,13 @@ def _assemble(
             probes=probes,
         )
         page.pools = pool_statuses(controller)
+        page.held = held_deletion(controller)
         if isinstance(controller, ClusterMode):
             page.leader = _leader_name(controller)
+            page.provenance = provenance(controller)
         ui.install(app, page)
+    if isinstance(controller, ClusterMode):  # the followers' page shows what only the leader knows
+        controller.set_summary(summary_content(controller, owner=settings.installation_name()))
     config = uvicorn.Config(
         app,
         host=settings.listen_host,

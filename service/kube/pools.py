@@ -49,7 +49,7 @@ from service.pools.plan import decide
 from service.pools.signals import PoolSignals
 from service.pools.status import pool_status
 from service.sources.kubernetes import KubernetesSource, ProxyObject, proxy_object
-from stacks.models import API_VERSION, POOL_KIND, ProxyPool
+from stacks.models import API_VERSION, POOL_KIND, ProxyPool, ProxyPoolStatus
 
 __all__ = ["ClusterPools"]
 
@@ -114,6 +114,18 @@ class ClusterPools:
 
     def synced(self) -> bool:
         return self.source.desired_state_synced() and all(w.synced.is_set() for w in self.watchers)
+
+    def statuses(self) -> dict[str, ProxyPoolStatus]:
+        """Each pool's status as last written (or read), by `namespace/name`: the fleet page's pools."""
+        with self._lock:
+            pools = dict(self._pools)
+            written = dict(self._written)
+        found = {}
+        for key, raw in pools.items():
+            uid = str((raw.get("metadata") or {}).get("uid") or "")
+            with contextlib.suppress(ValidationError):
+                found[key] = ProxyPoolStatus.model_validate(written.get(uid) or raw.get("status") or {})
+        return found
 
     async def run(self, stop: asyncio.Event, *, every: float) -> None:
         """A pass every `every` seconds until `stop` (the term's end)."""

@@ -32,6 +32,21 @@ class StackRow:
 StacksSource = Callable[[], Sequence[StackRow]]
 
 
+@dataclass(frozen=True)
+class HeldView:
+    """A held deletion as the page shows it: the leader's own, or as it published it for the followers
+    (`keys` may then be the first of `count`)."""
+
+    change_id: str
+    keys: tuple[str, ...]
+    count: int
+    fleet: int
+    message: str
+
+
+HeldSource = Callable[[], HeldView | None]
+
+
 @dataclass
 class LoginLimiter:
     """At most `attempts` log in tries per source address per minute (a sliding window)."""
@@ -64,3 +79,7 @@ class UiContext:
     probes: ProbeHistory | None = None
     pools: Callable[[], Mapping[str, ProxyPoolStatus]] | None = None
     leader: Callable[[], str | None] | None = None  # who leads, seen from a follower (None: this replica)
+    held: HeldSource | None = None  # the held deletion (a follower's: from the leader's summary)
+    # On a follower: where the leader-only views come from ("published by pod-0 at ..."), or why they are
+    # missing; None on the leader (or with no leader election).
+    provenance: Callable[[], str | None] | None = None

@@ -60,7 +60,7 @@ async def fleet(request: Request) -> Response:
         return stop
     ui = ui_of(request)
     query = FleetQuery.parse(request.query_params)
-    stacks = {r.name: r for r in ui.stacks()} if ui.stacks is not None else {}
+    stacks = {r.name: r for r in await asyncio.to_thread(ui.stacks)} if ui.stacks is not None else {}
     body = await render_fleet(
         context_of(request),
         await asyncio.to_thread(ui.index.rows),
@@ -89,8 +89,8 @@ async def stacks(request: Request) -> Response:
     if stop is not None:
         return stop
     ui = ui_of(request)
-    rows = list(ui.stacks()) if ui.stacks is not None else []
-    body = render_stacks(
+    rows = list(await asyncio.to_thread(ui.stacks)) if ui.stacks is not None else []
+    body = _from_leader(await _provenance(request)) + render_stacks(
         rows,
         await asyncio.to_thread(ui.index.rows),
         root=ui.settings.root_path,
@@ -105,11 +105,11 @@ async def pools(request: Request) -> Response:
     if stop is not None:
         return stop
     ui = ui_of(request)
-    statuses = ui.pools() if ui.pools is not None else {}
-    body = render_pools(statuses, await asyncio.to_thread(ui.index.rows), root=ui.settings.root_path)
+    statuses = await asyncio.to_thread(ui.pools) if ui.pools is not None else {}
+    body = _from_leader(await _provenance(request))
+    body += render_pools(statuses, await asyncio.to_thread(ui.index.rows), root=ui.settings.root_path)
     if ui.pools is None:
-        body += "<p class='mute'>Pool status is kept by the control loop's source (directory mode); in a "
-        body += "cluster read it with <code>kubectl get proxypools</code>.</p>"
+        body += "<p class='mute'>No pool source runs in this process.</p>"
     return _answer(request, "Pools", body, who)
 
 
@@ -120,10 +120,26 @@ async def deletions(request: Request) -> Response:
         return stop
     ui = ui_of(request)
     leader = ui.leader() if ui.leader is not None else None
+    held = await asyncio.to_thread(ui.held) if ui.held is not None else None
     body = render_deletions(
-        context_of(request), await asyncio.to_thread(ui.index.rows), root=ui.settings.root_path, leader=leader
+        context_of(request),
+        await asyncio.to_thread(ui.index.rows),
+        root=ui.settings.root_path,
+        held=held,
+        leader=leader,
+        provenance=await _provenance(request),
     )
     return _answer(request, "Deletions", body, who)
+
+
+def _from_leader(provenance: str | None) -> str:
+    """A follower's leader-only view says whose it is."""
+    return f'<p class="mute">From the leader\'s summary: {esc(provenance)}.</p>' if provenance else ""
+
+
+async def _provenance(request: Request) -> str | None:
+    ui = ui_of(request)
+    return await asyncio.to_thread(ui.provenance) if ui.provenance is not None else None
 
 
 @router.get("/leases", response_class=HTMLResponse)

@@ -2,57 +2,185 @@
 `service.ui.settings`, and must not import the loop through this package).
 
 The stacks view's rows: the queue's states and the names of the outputs of each stack's last `up`, no
-Pulumi CLI call; a follower has no loop, so it shows none (docs/operations.md). The pools view's statuses:
-the pool source's, in directory mode."""
+Pulumi CLI call. The pools view's statuses: the pool source's (directory mode) or the leader's ProxyPool
+watch (in a cluster). The held deletion: the deletion gate's. A follower has no loop: it shows what the
+leader published for it (`summary_content`, service/kube/summary.py), and says whose and how old.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
 
 from service.controller import Controller
 from service.incluster import ClusterMode
+from service.kube.summary import PublishedSummary
 from service.pools.source import PoolSource
-from service.ui.context import StackRow, StacksSource
+from service.ui.context import HeldSource, HeldView, StackRow, StacksSource
+from service.ui.html import ago
 from service.ui.pools import PoolsSource
+from stacks.models import ProxyPoolStatus
+
+Control = Controller | ClusterMode
 
 
-def stack_rows(control: Controller | ClusterMode, *, owner: str) -> StacksSource:
+def _following(control: Control) -> tuple[bool, PublishedSummary | None]:
+    """(whether this replica follows, the leader's summary if it does and there is one)."""
+    if isinstance(control, ClusterMode) and not control.leading:
+        return True, control.summary_reader.read()
+    return False, None
+
+
+def stack_rows(control: Control, *, owner: str) -> StacksSource:
     """`owner`: this installation's name, which every stack it manages is tagged with."""
 
     def rows() -> Sequence[StackRow]:
-        loop = control.controller if isinstance(control, ClusterMode) else control
-        if loop is None:
-            return []
-        found = []
-        for name, state in sorted(loop.queue.states().items()):
-            outputs = loop.reconciler.applied_outputs(name)
-            error = state.last_error
-            found.append(
-                StackRow(
-                    name=name,
-                    owner=owner,
-                    state=state.state.value,
-                    runs=state.runs,
-                    consecutive_failures=state.consecutive_failures,
-                    reason=state.reason,
-                    error=str(error) if error else None,
-                    next_retry_at=_wall(state.next_retry_at),
-                    outputs=sorted(outputs),
-                )
-            )
-        return found
+        following, summary = _following(control)
+        if following:
+            return [_stack_row(s) for s in summary.stacks] if summary else []
+        return _own_stack_rows(control, owner=owner)
 
     return rows
 
 
+def _own_stack_rows(control: Control, *, owner: str) -> list[StackRow]:
+    loop = control.controller if isinstance(control, ClusterMode) else control
+    if loop is None:
+        return []
+    found = []
+    for name, state in sorted(loop.queue.states().items()):
+        outputs = loop.reconciler.applied_outputs(name)
+        error = state.last_error
+        found.append(
+            StackRow(
+                name=name,
+                owner=owner,
+                state=state.state.value,
+                runs=state.runs,
+                consecutive_failures=state.consecutive_failures,
+                reason=state.reason,
+                error=str(error) if error else None,
+                next_retry_at=_wall(state.next_retry_at),  # whole seconds: a summary unchanged between polls
+                outputs=sorted(outputs),
+            )
+        )
+    return found
+
+
+def _stack_row(raw: Mapping[str, Any]) -> StackRow:
+    """A row the leader published: its known fields (a newer leader's extra ones are left out)."""
+    names = {f.name for f in dataclasses.fields(StackRow)}
+    values = {k: v for k, v in raw.items() if k in names}
+    if isinstance(values.get("outputs"), list):
+        values["outputs"] = tuple(str(o) for o in values["outputs"])
+    try:
+        return StackRow(**values)
+    except TypeError:  # a field it lacks: show the name and say so
+        name = str(raw.get("name") or "?")
+        return StackRow(name=name, owner="", state="unknown", reason="SummaryUnreadable")
+
+
 def _wall(monotonic: float | None) -> float | None:
     """The queue's retry time is on the monotonic clock; the page shows wall time."""
-    return None if monotonic is None else time.time() + (monotonic - time.monotonic())
+    return None if monotonic is None else round(time.time() + (monotonic - time.monotonic()))
 
 
-def pool_statuses(control: Controller | ClusterMode) -> PoolsSource | None:
-    if isinstance(control, Controller) and isinstance(control.source, PoolSource):
-        source = control.source
-        return lambda: dict(source.status)
-    return None
+def pool_statuses(control: Control) -> PoolsSource | None:
+    if isinstance(control, Controller):
+        if isinstance(control.source, PoolSource):
+            source = control.source
+            return lambda: dict(source.status)
+        return None
+
+    def statuses() -> Mapping[str, ProxyPoolStatus]:
+        following, summary = _following(control)
+        if following:
+            found = {}
+            for key, raw in (summary.pools if summary else {}).items():
+                try:
+                    found[key] = ProxyPoolStatus.model_validate(raw)
+                except ValidationError:
+                    continue
+            return found
+        return control.pools.statuses() if control.pools is not None else {}
+
+    return statuses
+
+
+def held_deletion(control: Control) -> HeldSource:
+    def held() -> HeldView | None:
+        following, summary = _following(control)
+        if following:
+            raw = summary.held_deletion if summary else None
+            if not raw:
+                return None
+            keys = tuple(str(k) for k in raw.get("keys") or [])
+            return HeldView(
+                change_id=str(raw.get("changeId") or ""),
+                keys=keys,
+                count=int(raw.get("count") or len(keys)),
+                fleet=int(raw.get("fleet") or 0),
+                message=str(raw.get("message") or ""),
+            )
+        found = control.held_deletion
+        if found is None:
+            return None
+        return HeldView(
+            change_id=found.change_id,
+            keys=found.keys,
+            count=len(found.keys),
+            fleet=found.fleet,
+            message=found.message(budget=control.budget),
+        )
+
+    return held
+
+
+def provenance(control: ClusterMode) -> Callable[[], str | None]:
+    """On a follower: whose summary the leader-only views show and how old it is, or why there is none."""
+
+    def note() -> str | None:
+        if control.leading:
+            return None
+        summary = control.summary_reader.read()
+        if summary is None:
+            return control.summary_reader.error or "the leader has not published a summary yet"
+        return (
+            f"as the leader {summary.leader} (term {summary.term}) published it "
+            f"{ago(summary.published_at - time.time())}"
+        )
+
+    return note
+
+
+def summary_content(control: ClusterMode, *, owner: str) -> Callable[[], dict[str, Any]]:
+    """What the leader publishes (service/kube/summary.py): the views only it can fill."""
+    held, pools = held_deletion(control), pool_statuses(control)
+
+    def content() -> dict[str, Any]:
+        found = held()
+        return {
+            "heldDeletion": None
+            if found is None
+            else {
+                "changeId": found.change_id,
+                "keys": list(found.keys),
+                "count": found.count,
+                "fleet": found.fleet,
+                "message": found.message,
+            },
+            "stacks": [
+                {**dataclasses.asdict(row), "outputs": list(row.outputs)}
+                for row in _own_stack_rows(control, owner=owner)
+            ],
+            "pools": {
+                key: status.model_dump(mode="json", by_alias=True)
+                for key, status in (pools() if pools is not None else {}).items()
+            },
+        }
+
+    return content

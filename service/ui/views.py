@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 
 from service.api.deps import ApiContext
 from service.health.egress import shared_egress
-from service.ui.context import StackRow
+from service.ui.context import HeldView, StackRow
 from service.ui.facts import facts_of, leases_by_proxy, now
 from service.ui.fleet import bans_cell, health_cell, leases_cell, operation_cell, phase_badge, why
 from service.ui.html import esc, href, table, when
@@ -112,28 +112,36 @@ def render_stacks(rows: list[StackRow], proxies: list[Row], *, root: str, text: 
     )
 
 
-def render_deletions(ctx: ApiContext, proxies: list[Row], *, root: str, leader: str | None = None) -> str:
+def render_deletions(
+    ctx: ApiContext,
+    proxies: list[Row],
+    *,
+    root: str,
+    held: HeldView | None,
+    leader: str | None = None,
+    provenance: str | None = None,
+) -> str:
+    """`held`: the leader's held deletion (on a follower, as it published it: `provenance` says whose and
+    how old, or why there is none)."""
     out = ""
-    gate = ctx.deletions
-    held = gate.held_deletion if gate is not None else None
-    if leader is not None and held is None:
+    if leader is not None:
         out += (
-            f"<p>This replica follows: only the leader (<strong>{esc(leader)}</strong>) judges "
-            "deletions, and it does not publish a held one yet. Ask it: "
-            "<code>GET /v1/deletions</code> on the leader's pod.</p>"
+            "<p>Only the leader judges deletions: this view shows what it published, "
+            f"{esc(provenance or 'nothing yet')}.</p>"
         )
-    elif gate is None:
+    elif ctx.deletions is None:
         out += "<p>No control loop runs in this process.</p>"
-    elif held is None:
+    if held is None:
         out += "<p>No deletion is held.</p>"
     else:
-        keys = ", ".join(held.keys)
+        listed = ", ".join(held.keys)
+        more = f" and {held.count - len(held.keys)} more" if held.count > len(held.keys) else ""
         out += (
             '<section aria-labelledby="held">'
             f'<h2 id="held">Held deletion <code>{esc(held.change_id)}</code></h2>'
-            f"<p>{esc(held.message(budget=gate.budget))}</p>"
-            f"<p>It would remove {len(held.keys)} of {held.fleet} "
-            f"proxies: {esc(keys)}</p><p>Allow exactly this change, once:</p>"
+            f"<p>{esc(held.message)}</p>"
+            f"<p>It would remove {held.count} of {held.fleet} "
+            f"proxies: {esc(listed)}{more}</p><p>Allow exactly this change, once:</p>"
             f'<pre>curl -X POST -H "Authorization: Bearer $ADMIN_TOKEN" '
             f"http://HOST{esc(root)}/v1/deletions/{esc(held.change_id)}/allow</pre>"
             f"<p>or <code>proxy-operator up --allow-deletions {esc(held.change_id)}</code></p></section>"

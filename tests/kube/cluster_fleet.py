@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 from kubernetes.client import ApiClient
 
@@ -83,6 +84,7 @@ class ClusterFleet:
     namespace: str = field(default_factory=lambda: f"e2e-{uuid.uuid4().hex[:8]}")
     service_namespace: str | None = None
     replicas: list[Replica] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)  # OperatorSettings fields a test changes
 
     def __post_init__(self) -> None:
         self.local_state = self.root / "local-proxies"
@@ -159,7 +161,7 @@ class ClusterFleet:
             resync_seconds=0,
             deletion_window_quiet_seconds=0.5,  # a short deletion window: the suite's time budget
             health=HealthSettings(interval_seconds=0.5, healthy_threshold=1),
-        )
+        ).model_copy(update=self.overrides)
 
     def kube(self, identity: str, **overrides: Any) -> KubeSettings:
         values: dict[str, Any] = {
@@ -207,6 +209,20 @@ def _create(api: ApiClient, path: str, body: dict[str, Any]) -> bool:
             return False
         raise
     return True
+
+
+def dev_token(fleet: ClusterFleet, replica: Replica) -> str:
+    """A replica's development token (no tokens file in these tests): every scope."""
+    return (fleet.root / f"state-{replica.identity}" / "dev-token").read_text().strip()
+
+
+async def page_client(fleet: ClusterFleet, replica: Replica) -> httpx.AsyncClient:
+    """A client logged in to a replica's fleet page through its log in form (close it after use)."""
+    base = f"http://127.0.0.1:{replica.service.port}"
+    http = httpx.AsyncClient(base_url=base, timeout=10)
+    answer = await http.post("/login", data={"token": dev_token(fleet, replica)}, headers={"Origin": base})
+    assert answer.status_code == 303, answer.text
+    return http
 
 
 async def until(

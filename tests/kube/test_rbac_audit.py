@@ -40,7 +40,7 @@ from tests.kube.audit import (
     table,
     uncovered,
 )
-from tests.kube.cluster_fleet import ClusterFleet, until
+from tests.kube.cluster_fleet import ClusterFleet, page_client, until
 from tests.kube.manifests import apply, kube_documents, namespaces_first
 from tests.ports import free_port
 
@@ -193,6 +193,13 @@ def test_deploy_rbac_is_enough_and_nothing_more(
             assert FINALIZER in fleet.get("p1")["metadata"]["finalizers"]  # type: ignore[index]
             await until(lambda: fleet.secret("p1-proxy-credentials"), what="p1's credentials Secret")
             await until(lambda: b.service.controller.inventory.get(f"{PROXIES}/p2"), what="b serves p2")
+            # A follower's fleet page reads the leader's summary (written by the leader: create, update).
+            await until(lambda: a.mode.summary.writes, what="the leader's summary")
+            page = await page_client(fleet, b)
+            try:
+                assert "replica-a" in (await page.get("/deletions")).text
+            finally:
+                await page.aclose()
 
             # Paused (with a change that waits), resumed, paused again: the same Event twice, patched into
             # its count. p2 stays paused (its deletion proceeds all the same).

@@ -19,10 +19,12 @@ from service.discovery.service import DiscoveryService
 from service.inventory import Health, HealthState
 from service.settings import DiscoverySettings
 from service.status import StatusBoard
+from service.ui.context import HeldView
 from service.ui.fleet import FleetQuery, render_fleet, select
 from service.ui.index import FleetIndex, Row
 from service.ui.pools import render_pools
 from service.ui.probes import ProbeHistory, chart
+from service.ui.sources import held_deletion
 from service.ui.views import LeaseRates, render_deletions, render_leases
 from stacks.models import Condition, ProxyPoolStatus
 from tests.service.conftest import healthy_inventory
@@ -84,15 +86,25 @@ def test_filter_sort_and_pages() -> None:
 
 def test_a_held_deletion_shows_its_id_and_the_exact_ways_to_allow_it() -> None:
     ctx = _context(["a"])
-    held = HeldDeletion(change_id="c0ffee12", keys=("crawl/p1", "crawl/p2"), fleet=3)
-    ctx.deletions = Gate(held)
-    html = render_deletions(ctx, [], root="/ops")
+    gate = Gate(HeldDeletion(change_id="c0ffee12", keys=("crawl/p1", "crawl/p2"), fleet=3))
+    ctx.deletions = gate
+    html = render_deletions(ctx, [], root="/ops", held=held_deletion(gate)())  # type: ignore[arg-type]
     assert "c0ffee12" in html
     assert "/ops/v1/deletions/c0ffee12/allow" in html
     assert "proxy-operator up --allow-deletions c0ffee12" in html
     assert "crawl/p1, crawl/p2" in html
-    follower = render_deletions(_context(["a"]), [], root="", leader="pod-0")
-    assert "pod-0" in follower
+    assert "It would remove 2 of 3 proxies" in html
+    assert "No deletion is held" in render_deletions(ctx, [], root="", held=None)
+
+
+def test_a_followers_view_names_the_leader_and_a_cut_list_says_how_many_more() -> None:
+    published = HeldView(change_id="beef", keys=("crawl/p1",), count=700, fleet=800, message="held")
+    html = render_deletions(
+        _context(["a"]), [], root="", held=published, leader="pod-0", provenance="as pod-0 published it"
+    )
+    assert "pod-0" in html
+    assert "as pod-0 published it" in html
+    assert "crawl/p1 and 699 more" in html
 
 
 def test_the_lease_view_reads_the_services_own_counters() -> None:
