@@ -141,9 +141,10 @@ def _assemble(
         on_transition=_health_to_status(controller),
         on_probe=probes.record,
     )
+    store = _store(settings)
     discovery = DiscoveryService(
         inventory=inventory,
-        store=_store(settings),
+        store=store,
         settings=settings.discovery,
         on_error_report=lambda key: _spawn(health.record_failure(key)),
         no_candidate_retry=settings.health.interval_seconds,
@@ -171,6 +172,7 @@ def _assemble(
             key=settings.ui_session_key(),
             stacks=stack_rows(controller, owner=settings.installation_name()),
             probes=probes,
+            ended=_ended_sessions(store),
         )
         page.pools = pool_statuses(controller)
         page.held = held_deletion(controller)
@@ -241,6 +243,13 @@ def _store(settings: OperatorSettings) -> Store:
 
         return RedisStore.from_url(settings.discovery.redis_url or "", prefix=settings.discovery.redis_prefix)
     return MemoryStore()
+
+
+def _ended_sessions(store: Store) -> ui.EndedSessions | None:
+    """Log outs in Redis when the discovery store is Redis (every replica refuses an ended session)."""
+    from service.discovery.redis_store import RedisStore
+
+    return ui.RedisEndedSessions(store.client, prefix=store.prefix) if isinstance(store, RedisStore) else None
 
 
 def _authenticator(settings: OperatorSettings) -> TokenAuthenticator:

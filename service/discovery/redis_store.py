@@ -68,6 +68,15 @@ class RedisStore:
         self._uploaded: set[str] = set()
         self._uploading: dict[str, asyncio.Future[None]] = {}
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The pooled client, shared with the fleet page's ended sessions (service/ui/session.py)."""
+        return self._r
+
+    @property
+    def prefix(self) -> str:
+        return self._p
+
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "proxy-operator", small_set: int = SMALL_SET) -> RedisStore:
         """A client whose requests queue for one of `MAX_CONNECTIONS` connections (redis-py's default pool

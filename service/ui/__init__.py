@@ -13,14 +13,17 @@ from service.ui import login, router
 from service.ui.context import LoginLimiter, StackRow, StacksSource, UiContext
 from service.ui.index import FleetIndex
 from service.ui.probes import ProbeHistory
-from service.ui.session import Sessions
+from service.ui.session import EndedSessions, LocalEndedSessions, RedisEndedSessions, Sessions
 from service.ui.settings import UiSettings
 from service.ui.views import LeaseRates
 
 __all__ = [
     "LOGIN_BODY_LIMIT",
     "LOGIN_PATH",
+    "EndedSessions",
+    "LocalEndedSessions",
     "ProbeHistory",
+    "RedisEndedSessions",
     "StackRow",
     "StacksSource",
     "UiSettings",
@@ -38,11 +41,16 @@ def build(
     key: bytes,
     stacks: StacksSource | None = None,
     probes: ProbeHistory | None = None,
+    ended: EndedSessions | None = None,
 ) -> UiContext:
+    """`ended`: where log outs are kept (Redis, shared by the replicas, when the discovery store is Redis)."""
     return UiContext(
         settings=settings,
         sessions=Sessions(
-            key=key, authenticator=context.authenticator, lifetime=settings.session_hours * 3600
+            key=key,
+            authenticator=context.authenticator,
+            lifetime=settings.session_hours * 3600,
+            ended=ended or LocalEndedSessions(),
         ),
         index=FleetIndex(inventory=context.inventory, board=context.status),
         limiter=LoginLimiter(attempts=settings.login_attempts),

@@ -60,8 +60,8 @@ def from_another_site(request: Request) -> Response | None:
     return refused()
 
 
-def session_of(request: Request) -> Session | None:
-    return ui_of(request).sessions.check(request.cookies.get(COOKIE))
+async def session_of(request: Request) -> Session | None:
+    return await ui_of(request).sessions.check(request.cookies.get(COOKIE))
 
 
 def to_login(request: Request) -> RedirectResponse:
@@ -126,9 +126,9 @@ async def logout(request: Request) -> Response:
     ui = ui_of(request)
     if cross_site(request):
         return refused()
-    session = session_of(request)
+    session = await session_of(request)
     if session is not None:
-        ui.sessions.end(session)
+        await ui.sessions.end(session)
     answer = to_login(request)
     answer.delete_cookie(
         COOKIE,

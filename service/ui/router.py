@@ -47,7 +47,7 @@ async def _guard(request: Request) -> tuple[str, Response | None]:
     other = from_another_site(request)
     if other is not None:
         return "", other
-    session = session_of(request)
+    session = await session_of(request)
     if session is None:
         return "", to_login(request)
     return session.client.name, None

@@ -4,12 +4,14 @@ refusals."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import redis.asyncio as aioredis
 from fastapi import FastAPI
 
 from service import ui
@@ -20,7 +22,7 @@ from service.discovery.service import DiscoveryService
 from service.settings import DiscoverySettings
 from service.status import StatusBoard
 from service.ui.session import COOKIE
-from tests.service.conftest import UvicornThread, healthy_inventory
+from tests.service.conftest import RedisServer, UvicornThread, healthy_inventory
 
 TOKENS = {
     "viewer": ("tok-view", "[view]"),
@@ -37,7 +39,9 @@ def _write_tokens(path: Path, names: list[str]) -> None:
     )
 
 
-def _app(tmp_path: Path, **settings: object) -> FastAPI:
+def _app(
+    tmp_path: Path, ended: ui.EndedSessions | None = None, lifespan: Any = None, **settings: object
+) -> FastAPI:
     tokens = tmp_path / "tokens.yaml"
     _write_tokens(tokens, list(TOKENS))
     inventory = healthy_inventory(["a", "b"])
@@ -49,8 +53,9 @@ def _app(tmp_path: Path, **settings: object) -> FastAPI:
         authenticator=auth,
         status_board=StatusBoard(),
         body_exempt={ui.LOGIN_PATH: ui.LOGIN_BODY_LIMIT},
+        lifespan=lifespan,
     )
-    page = ui.build(app.state.context, settings=ui.UiSettings(**settings), key=b"k" * 32)
+    page = ui.build(app.state.context, settings=ui.UiSettings(**settings), key=b"k" * 32, ended=ended)
     ui.install(app, page)
     return app
 
@@ -157,3 +162,39 @@ def test_a_forged_or_other_keys_cookie_is_refused(tmp_path: Path) -> None:
         body, _, _sig = cookie.partition(".")
         client.cookies.set(COOKIE, body + "." + "0" * 64)
         assert (client.get("/")).status_code == 303
+
+
+def test_a_log_out_in_redis_ends_the_session_on_every_replica(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Two replicas (one session key, one redis-server): a cookie copied before log out on one is refused
+    by the other; without Redis, the other replica still accepts it (the documented limit)."""
+
+    def replica(name: str, *, shared: bool) -> FastAPI:
+        folder = tmp_path / name
+        folder.mkdir()
+        if not shared:
+            return _app(folder)
+        client = aioredis.Redis.from_url(redis_server.url)
+
+        @asynccontextmanager
+        async def closing(_app: FastAPI) -> AsyncIterator[None]:
+            yield
+            await client.aclose()  # on the server's own loop
+
+        return _app(
+            folder, ended=ui.RedisEndedSessions(client, prefix=f"t-{tmp_path.name}"), lifespan=closing
+        )
+
+    for shared in (True, False):
+        label = "redis" if shared else "local"
+        first, second = replica(f"a-{label}", shared=shared), replica(f"b-{label}", shared=shared)
+        with _client(first) as a, _client(second) as b:
+            cookie = (_login(a, "tok-view")).cookies[COOKIE]
+            for client in (a, b):
+                client.cookies.set(COOKIE, cookie)
+                assert client.get("/").status_code == 200, "a session is valid on every replica"
+            a.post("/logout", headers=_origin(a))
+            a.cookies.set(COOKIE, cookie)
+            assert a.get("/").status_code == 303
+            assert b.get("/").status_code == (303 if shared else 200)
