@@ -37,11 +37,13 @@ from service.kube.pools import ClusterPools
 from service.kube.refs import ProxyRef
 from service.kube.settings import KubeSettings
 from service.kube.status_writer import StatusWriter
-from service.kube.summary import SummaryPublisher, SummaryReader
+from service.kube.summary import SummaryPublisher, SummaryReader, SummaryTask
+from service.pools.history import PoolHistory
 from service.pools.signals import PoolSignals
 from service.reporter import endpoint_of
 from service.sources.kubernetes import KubernetesSource
 from service.status import Event, StatusBoard
+from service.status_view import ClusterStatus, ReplicaStatus
 from stacks.models import Condition, Proxy
 from stacks.models.conditions import ConditionType
 
@@ -84,7 +86,13 @@ class ClusterMode:
             api, kube, grace=TERM_GRACE, busy=self._busy, on_renewed=self._extend_term
         )
         self.status = StatusBoard()
+        # What a follower shows (the API's /v1/status, the page): the leader's status from the cluster.
+        self.cluster_status = ClusterStatus()
+        self.status_view = ReplicaStatus(
+            own=self.status, cluster=self.cluster_status, leading=lambda: self.leading
+        )
         self.source = KubernetesSource(api, kube, writes=False)
+        self.source.cache.on_read = self.cluster_status.observe
         self.credentials = CredentialsReader(api, kube.namespaces)
         self.credentials_writer = CredentialsWriter(api)
         self.status_writer = StatusWriter(api, self.status, self.ref)
@@ -106,6 +114,7 @@ class ClusterMode:
         self._probing: asyncio.Task[None] | None = None
         self.pool_signals = PoolSignals(inventory)  # discovery's observer (serve attaches it)
         self.pools: ClusterPools | None = None
+        self.pool_history = PoolHistory()  # the pools' last decisions, kept across terms (the fleet page)
         self._pooling: asyncio.Task[None] | None = None
         self._pools_stop = asyncio.Event()
         self._started = False
@@ -113,11 +122,10 @@ class ClusterMode:
             max_share=settings.deletion_budget_share, min_count=settings.deletion_budget_count
         )
         # What only the leader knows, for the followers' page (service/kube/summary.py): serve sets the
-        # content (`set_summary`); the leader publishes it every poll it changed, a follower reads it.
+        # content (`summary_task.content`); the leader publishes it every poll it changed, a follower reads.
         self.summary = SummaryPublisher(api, kube, leading=lambda: self.leading)
+        self.summary_task = SummaryTask(self.summary)
         self.summary_reader = SummaryReader(api, kube)
-        self._summary: Callable[[], dict[str, Any]] | None = None
-        self._publishing: asyncio.Task[bool] | None = None
 
     # --- the face the API and the health sink use ------------------------------------------------------
 
@@ -160,10 +168,6 @@ class ClusterMode:
         """The health engine's run: started with each term, stopped with it."""
         self._prober = prober
 
-    def set_summary(self, content: Callable[[], dict[str, Any]]) -> None:
-        """What the leader publishes for the followers (the held deletion, stacks, pools as JSON values)."""
-        self._summary = content
-
     # --- running ----------------------------------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -179,31 +183,17 @@ class ClusterMode:
         election = asyncio.create_task(self.elector.run(stop), name="leader-election")
         try:
             while not stop.is_set():
+                self.cluster_status.keep_only(obj.key for obj in self.source.objects())
                 if not self.leading:
                     self.follow_inventory()
                 else:
-                    self._publish_summary()
+                    if self.controller is not None:
+                        self.summary_task.tick(term=self.terms)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.settings.poll_seconds)
         finally:
             await election  # steps down (the term closes) and releases the Lease
-            if self._publishing is not None:
-                await asyncio.gather(self._publishing, return_exceptions=True)
-
-    def _publish_summary(self) -> None:
-        """One write at a time, in a worker thread: an unreachable apiserver never holds up the loop."""
-        if self._summary is None or self.controller is None:
-            return
-        if self._publishing is not None and not self._publishing.done():
-            return
-        try:
-            content = self._summary()
-        except Exception:  # the summary is informative; its failure must not stop the leader's loop
-            log.exception("cannot build the leader's summary")
-            return
-        self._publishing = asyncio.create_task(
-            asyncio.to_thread(self.summary.publish, content, term=self.terms), name="summary"
-        )
+            await self.summary_task.close()
 
     async def close(self) -> None:
         await self._follow()
@@ -230,6 +220,7 @@ class ClusterMode:
         self.source.replay()  # the new term's controller learns everything from the start
         self.status_writer.begin_term()
         self._seed_health()
+        self.status_view.switched()  # what this replica shows is its own board now
         self.controller = Controller(
             settings=self.settings,
             engine=self.engine,
@@ -311,11 +302,14 @@ class ClusterMode:
         self._term = self._term_stop = None
         self.controller = None
         self.term = None
+        self.status_view.switched()  # what this replica shows is the leader's, from the cluster
 
     # --- pools: the leader's, a fresh one per term (service/kube/pools.py) ---------------------------------
 
     def _start_pools(self) -> None:
-        self.pools = ClusterPools(self.api, self.kube, source=self.source, signals=self.pool_signals)
+        self.pools = ClusterPools(
+            self.api, self.kube, source=self.source, signals=self.pool_signals, history=self.pool_history
+        )
         self.pools.start()
         self._pools_stop = asyncio.Event()
         every = self.settings.poll_seconds

@@ -41,7 +41,14 @@ from service.kube.settings import KubeSettings
 from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
-from service.ui.sources import held_deletion, pool_statuses, provenance, stack_rows, summary_content
+from service.ui.sources import (
+    held_deletion,
+    pool_decisions,
+    pool_statuses,
+    provenance,
+    stack_rows,
+    summary_content,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +167,7 @@ def _assemble(
         authenticator=_authenticator(settings),
         registry=registry,
         stack_inspector=StackInspector(controller.engine),
-        status_board=controller.status,
+        status_board=controller.status_view if isinstance(controller, ClusterMode) else controller.status,
         ready_checks=(_loop_check(controller), prober.ready, _leases_check(inventory)),
         deletions=controller,
         body_exempt={ui.LOGIN_PATH: ui.LOGIN_BODY_LIMIT} if settings.ui.enabled else None,
@@ -176,12 +183,13 @@ def _assemble(
         )
         page.pools = pool_statuses(controller)
         page.held = held_deletion(controller)
+        page.decisions = pool_decisions(controller)
         if isinstance(controller, ClusterMode):
             page.leader = _leader_name(controller)
             page.provenance = provenance(controller)
         ui.install(app, page)
     if isinstance(controller, ClusterMode):  # the followers' page shows what only the leader knows
-        controller.set_summary(summary_content(controller, owner=settings.installation_name()))
+        controller.summary_task.content = summary_content(controller, owner=settings.installation_name())
     config = uvicorn.Config(
         app,
         host=settings.listen_host,

@@ -14,11 +14,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Protocol
 
 from stacks.models import Address, Condition, LastOperation, ProxyStatus
 from stacks.models.conditions import ConditionType, Operation, Reason, phase_of, ready_of
 
-__all__ = ["Event", "Operation", "Reason", "StatusBoard"]
+__all__ = ["Event", "Operation", "Reason", "StatusBoard", "StatusReader"]
 
 log = logging.getLogger("service.events")
 
@@ -30,6 +31,19 @@ class Event:
     message: str
     warning: bool
     at: datetime
+
+
+class StatusReader(Protocol):
+    """What the API and the fleet page read of a status board (service/status_view.py: a follower's)."""
+
+    def subscribe(self, listener: Callable[[str], None]) -> None: ...
+    def get(self, key: str) -> ProxyStatus: ...
+    def published(self, key: str) -> ProxyStatus | None: ...
+    def tracked(self) -> list[str]: ...
+    def has(self, key: str) -> bool: ...
+    def all(self) -> dict[str, ProxyStatus]: ...
+    def held(self) -> dict[str, Condition]: ...
+    def events(self, key: str | None = None) -> list[Event]: ...
 
 
 @dataclass

@@ -24,7 +24,7 @@ from service.api.routers import echo, leases, probes, proxies, reports, stacks, 
 from service.auth import TokenAuthenticator
 from service.discovery.service import DiscoveryService
 from service.inventory import Inventory
-from service.status import StatusBoard
+from service.status import StatusReader
 
 DESCRIPTION = (
     "Lease healthy forward proxies for crawling: least recently used among eligible proxies, per-client and "
@@ -59,7 +59,7 @@ def create_app(
     authenticator: TokenAuthenticator,
     registry: CollectorRegistry | None = None,
     stack_inspector: StackInspector | None = None,
-    status_board: StatusBoard | None = None,
+    status_board: StatusReader | None = None,
     ready_checks: Sequence[ReadyCheck] = (),
     deletions: DeletionGate | None = None,
     lifespan: Any = None,

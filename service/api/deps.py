@@ -17,7 +17,7 @@ from service.api.metrics import ApiMetrics
 from service.auth import Client, Scope, TokenAuthenticator
 from service.discovery.service import DiscoveryService
 from service.inventory import Inventory
-from service.status import StatusBoard
+from service.status import StatusReader
 
 ReadyCheck = Callable[[], Awaitable[str | None]]  # returns why not ready, or None
 REALM = 'Bearer realm="proxy-operator"'
@@ -51,7 +51,7 @@ class ApiContext:
     registry: CollectorRegistry
     metrics: ApiMetrics
     stacks: StackInspector | None = None
-    status: StatusBoard | None = None
+    status: StatusReader | None = None
     ready_checks: Sequence[ReadyCheck] = field(default_factory=tuple)
     deletions: DeletionGate | None = None
 

@@ -56,7 +56,14 @@ class ClusterCache:
         self._secrets: dict[str, dict[str, str]] = {}  # namespace/name -> decoded data
         self._secrets_dirty: set[str] = set()
         self.on_change: Callable[[], None] = lambda: None  # wakes the control loop (set by the runner)
+        # Each listed or watched Proxy as read, before it is slimmed (watch threads): the status a
+        # follower shows (service/status_view.py) is kept whole there, not in the slim copy.
+        self.on_read: Callable[[Obj], None] = lambda raw: None
         self.watchers = self._make_watchers()
+
+    def _slim(self, raw: Obj) -> ProxyObject:
+        self.on_read(raw)
+        return proxy_object(raw)
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -136,7 +143,7 @@ class ClusterCache:
                 path,
                 on_list=self._proxy_lister(path),
                 on_event=self._proxy_event,
-                slim=proxy_object,  # kept compact from the page on: see proxy_object
+                slim=self._slim,  # kept compact from the page on: see proxy_object
                 name=f"proxies {_namespace_of(path) or '*'}",
             )
             for path in proxy_paths

@@ -42,6 +42,7 @@ from service.kube.settings import KubeSettings
 from service.kube.status_writer import MERGE_PATCH, keep_transition_times, merge_patch
 from service.kube.watch import Obj, Watcher
 from service.pools.expand import new_child
+from service.pools.history import PoolHistory
 from service.pools.hold import UNKNOWN_PROVIDER, unknown_providers
 from service.pools.memory import Decision, PoolMemory
 from service.pools.naming import POOL_LABEL, Member
@@ -68,10 +69,12 @@ class ClusterPools:
         *,
         source: KubernetesSource,
         signals: PoolSignals,
+        history: PoolHistory | None = None,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
     ) -> None:
         self.api, self.source, self.signals = api, source, signals
+        self.history = history or PoolHistory()  # the last decisions (the fleet page), across terms
         self._clock = clock
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
@@ -188,6 +191,7 @@ class ClusterPools:
         )
         for event in decision.events:
             log.info("pool %s: %s", pool.key, event, extra={"fields": {"pool": pool.key}})
+        self.history.record(pool.key, decision.events)
         if decision.held is not None:  # nothing created, deleted or patched: the children run on
             log.warning("pool %s: %s", pool.key, decision.held, extra={"fields": {"pool": pool.key}})
             self.events.warn(raw, UNKNOWN_PROVIDER, decision.held)

@@ -2,10 +2,11 @@
 outputs, the pools' status (the fleet page shows them on every replica).
 
 The leader writes one ConfigMap, `<lease_name>-summary` in the service's namespace, key `summary.json`:
-when its content changes, and at least every `refresh` seconds (so a follower can tell a stale summary by
-its time). A write happens only while this replica leads, checked just before the call; a replica that
-lost the Lease between that check and the write can leave one stale summary, which the new leader replaces
-on its first poll (the summary drives nothing: it is read by people, never by the control loop).
+when its held deletion changes (at once), when the rest changes (at most every `spacing` seconds), and at
+least every `refresh` seconds (so a follower can tell a stale summary by its time). A write happens only
+while this replica leads, checked just before the call; a replica that lost the Lease between that check
+and the write can leave one stale summary, which the new leader replaces on its first poll (the summary
+drives nothing: it is read by people, never by the control loop).
 
 A follower reads it on a page view, at most once every `ttl` seconds (a GET; no watch). A summary larger
 than a ConfigMap holds is cut: a held deletion lists at most `MAX_KEYS` of its keys (with their count).
@@ -15,6 +16,8 @@ Blocking calls (from worker threads).
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import logging
 import threading
@@ -30,7 +33,7 @@ from service.kube.client import ApiException, request_json
 from service.kube.lease import API_ERRORS
 from service.kube.settings import KubeSettings
 
-__all__ = ["MAX_KEYS", "PublishedSummary", "SummaryPublisher", "SummaryReader", "summary_name"]
+__all__ = ["MAX_KEYS", "PublishedSummary", "SummaryPublisher", "SummaryReader", "SummaryTask", "summary_name"]
 
 log = logging.getLogger(__name__)
 KEY = "summary.json"
@@ -51,6 +54,7 @@ class PublishedSummary:
     held_deletion: dict[str, Any] | None
     stacks: list[dict[str, Any]]
     pools: dict[str, dict[str, Any]]
+    pool_decisions: list[dict[str, Any]]
 
     @classmethod
     def parse(cls, text: str) -> PublishedSummary:
@@ -65,6 +69,7 @@ class PublishedSummary:
             held_deletion=held if isinstance(held, dict) else None,
             stacks=[s for s in doc.get("stacks") or [] if isinstance(s, dict)],
             pools={str(k): v for k, v in (doc.get("pools") or {}).items() if isinstance(v, dict)},
+            pool_decisions=[d for d in doc.get("poolDecisions") or [] if isinstance(d, dict)],
         )
 
 
@@ -84,8 +89,10 @@ class SummaryPublisher:
     settings: KubeSettings
     leading: Callable[[], bool]
     refresh: float = 30.0
+    spacing: float = 5.0  # at most one write this often, unless the held deletion changed
     clock: Callable[[], float] = time.monotonic
     _last: str | None = None  # the content last written (without its time)
+    _last_held: str | None = None
     _last_at: float = float("-inf")
     _lock: threading.Lock = field(default_factory=threading.Lock)
     writes: int = 0
@@ -101,9 +108,12 @@ class SummaryPublisher:
         if isinstance(held, dict) and len(held.get("keys") or []) > MAX_KEYS:
             content = {**content, "heldDeletion": {**held, "keys": list(held["keys"])[:MAX_KEYS]}}
         body = json.dumps({"leader": self.settings.identity, "term": term, **content}, sort_keys=True)
+        held = json.dumps(content.get("heldDeletion"), sort_keys=True)
         with self._lock:
             now = self.clock()
-            if body == self._last and now - self._last_at < self.refresh:
+            since = now - self._last_at
+            due = since >= self.refresh or (body != self._last and since >= self.spacing)
+            if not due and held == self._last_held:
                 return False
             if not self.leading():
                 return False
@@ -113,7 +123,7 @@ class SummaryPublisher:
             except API_ERRORS as exc:
                 log.warning("cannot publish the leader's summary (tried again): %s", exc)
                 return False
-            self._last, self._last_at = body, now
+            self._last, self._last_held, self._last_at = body, held, now
             self.writes += 1
             return True
 
@@ -131,6 +141,31 @@ class SummaryPublisher:
             if exc.status != 404:
                 raise
             request_json(self.api, "POST", self.path, body=body)
+
+
+class SummaryTask:
+    """The leader's loop calls `tick` every poll: one publish at a time, in a worker thread, so an
+    unreachable apiserver never holds up the loop. `content` (set by serve) makes the summary."""
+
+    def __init__(self, publisher: SummaryPublisher) -> None:
+        self.publisher = publisher
+        self.content: Callable[[], dict[str, Any]] | None = None
+        self._running: asyncio.Task[bool] | None = None
+
+    def tick(self, *, term: int) -> None:
+        if self.content is None or (self._running is not None and not self._running.done()):
+            return
+        try:
+            content = self.content()
+        except Exception:  # the summary is informative; its failure must not stop the leader's loop
+            log.exception("cannot build the leader's summary")
+            return
+        publish = functools.partial(self.publisher.publish, content, term=term)
+        self._running = asyncio.create_task(asyncio.to_thread(publish), name="summary")
+
+    async def close(self) -> None:
+        if self._running is not None:
+            await asyncio.gather(self._running, return_exceptions=True)
 
 
 @dataclass

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from service.pools.expand import child_proxy, new_child
+from service.pools.history import PoolHistory
 from service.pools.hold import UNKNOWN_PROVIDER, unknown_providers
 from service.pools.memory import Decision, PoolMemory
 from service.pools.naming import Member, member_of
@@ -56,6 +57,7 @@ class PoolSource:
     ) -> None:
         self.inner = inner
         self.signals = signals
+        self.history = PoolHistory()  # the last decisions, for the fleet page
         self.ready: Callable[[], bool] = lambda: True  # set by the wiring: the backend has been read
         self._read_pools = read_pools
         self._clock = clock
@@ -263,6 +265,7 @@ class PoolSource:
     def _report(self, pool: ProxyPool, memory: PoolMemory, decision: Decision) -> None:
         for event in decision.events:
             log.info("pool %s: %s", pool.key, event, extra={"fields": {"pool": pool.key}})
+        self.history.record(pool.key, decision.events)
         inventory = self.signals.inventory if self.signals is not None else None
         status = pool_status(
             pool,

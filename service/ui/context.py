@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from service.pools.history import PoolDecision
 from service.ui.index import FleetIndex
 from service.ui.probes import ProbeHistory
 from service.ui.session import Sessions
@@ -80,6 +81,7 @@ class UiContext:
     pools: Callable[[], Mapping[str, ProxyPoolStatus]] | None = None
     leader: Callable[[], str | None] | None = None  # who leads, seen from a follower (None: this replica)
     held: HeldSource | None = None  # the held deletion (a follower's: from the leader's summary)
+    decisions: Callable[[], Sequence[PoolDecision]] | None = None  # the pools' last, newest first
     # On a follower: where the leader-only views come from ("published by pod-0 at ..."), or why they are
     # missing; None on the leader (or with no leader election).
     provenance: Callable[[], str | None] | None = None

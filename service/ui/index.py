@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass, field, replace
 
 from service.inventory import Inventory
-from service.status import StatusBoard
+from service.status import StatusReader
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class Row:
 @dataclass
 class FleetIndex:
     inventory: Inventory
-    board: StatusBoard | None
+    board: StatusReader | None
     _rows: dict[str, Row] = field(default_factory=dict)
     _dirty: set[str] = field(default_factory=set)
     _endpoints_changed: bool = True

@@ -1,20 +1,28 @@
 """The pools view: each ProxyPool's status as its source keeps it (desired, ready, replacing, placements,
-conditions), beside the phases of its children from the page's index. Directory mode only for now: in a
-cluster the pools' status is on the ProxyPool objects (`kubectl get proxypools`)."""
+conditions), beside the phases of its children from the page's index, and the pools' last decisions."""
 
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
-from service.ui.html import esc, href, table
+from service.pools.history import PoolDecision
+from service.ui.html import esc, href, table, when
 from service.ui.index import Row
 from stacks.models import ProxyPoolStatus
 
 PoolsSource = Callable[[], Mapping[str, ProxyPoolStatus]]
 
 
-def render_pools(statuses: Mapping[str, ProxyPoolStatus], proxies: list[Row], *, root: str) -> str:
+def render_pools(
+    statuses: Mapping[str, ProxyPoolStatus],
+    proxies: list[Row],
+    *,
+    root: str,
+    decisions: Sequence[PoolDecision] = (),
+) -> str:
+    """`decisions`: the pools' last decisions (replacements, scaling, drains with their reasons), newest
+    first."""
     phases: dict[str, Counter[str]] = defaultdict(Counter)
     for row in proxies:
         if row.pool:
@@ -49,4 +57,13 @@ def render_pools(statuses: Mapping[str, ProxyPoolStatus], proxies: list[Row], *,
         "Children by phase",
         "Conditions",
     ]
-    return table(headers, body, caption=f"{len(names)} pools")
+    recent = [
+        [when(d.at), f'<a href="{href(root, "/", {"pool": d.pool.rpartition("/")[2]})}">{esc(d.pool)}</a>',
+         esc(d.message)]
+        for d in decisions
+    ]  # fmt: skip
+    return (
+        table(headers, body, caption=f"{len(names)} pools")
+        + "<h2>Last decisions</h2>"
+        + table(["When", "Pool", "What and why"], recent, caption="replacements, scaling and drains")
+    )

@@ -107,7 +107,9 @@ async def pools(request: Request) -> Response:
     ui = ui_of(request)
     statuses = await asyncio.to_thread(ui.pools) if ui.pools is not None else {}
     body = _from_leader(await _provenance(request))
-    body += render_pools(statuses, await asyncio.to_thread(ui.index.rows), root=ui.settings.root_path)
+    decisions = await asyncio.to_thread(ui.decisions) if ui.decisions is not None else []
+    rows = await asyncio.to_thread(ui.index.rows)
+    body += render_pools(statuses, rows, root=ui.settings.root_path, decisions=decisions)
     if ui.pools is None:
         body += "<p class='mute'>No pool source runs in this process.</p>"
     return _answer(request, "Pools", body, who)

@@ -9,6 +9,7 @@ leader published for it (`summary_content`, service/kube/summary.py), and says w
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 from service.controller import Controller
 from service.incluster import ClusterMode
 from service.kube.summary import PublishedSummary
+from service.pools.history import PoolDecision
 from service.pools.source import PoolSource
 from service.ui.context import HeldSource, HeldView, StackRow, StacksSource
 from service.ui.html import ago
@@ -111,6 +113,28 @@ def pool_statuses(control: Control) -> PoolsSource | None:
     return statuses
 
 
+def pool_decisions(control: Control) -> Callable[[], Sequence[PoolDecision]] | None:
+    """The pools' last decisions: the pool source's (directory mode), the leader's ClusterPools', or on a
+    follower as the leader published them."""
+    if isinstance(control, Controller):
+        source = control.source
+        return (lambda: source.history.recent()) if isinstance(source, PoolSource) else None
+
+    def decisions() -> Sequence[PoolDecision]:
+        following, summary = _following(control)
+        if following:
+            found = []
+            for raw in summary.pool_decisions if summary else []:
+                with contextlib.suppress(TypeError, ValueError):
+                    found.append(
+                        PoolDecision(at=float(raw["at"]), pool=str(raw["pool"]), message=str(raw["message"]))
+                    )
+            return found
+        return control.pool_history.recent()
+
+    return decisions
+
+
 def held_deletion(control: Control) -> HeldSource:
     def held() -> HeldView | None:
         following, summary = _following(control)
@@ -181,6 +205,7 @@ def summary_content(control: ClusterMode, *, owner: str) -> Callable[[], dict[st
                 key: status.model_dump(mode="json", by_alias=True)
                 for key, status in (pools() if pools is not None else {}).items()
             },
+            "poolDecisions": [dataclasses.asdict(d) for d in control.pool_history.recent()],
         }
 
     return content

@@ -30,6 +30,7 @@ from service.discovery.service import DiscoveryService, LeaseQuery  # noqa: E402
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint  # noqa: E402
 from service.settings import DiscoverySettings  # noqa: E402
 from service.status import StatusBoard  # noqa: E402
+from service.status_view import ClusterStatus  # noqa: E402
 from service.ui.fleet import FleetQuery, render_fleet  # noqa: E402
 from service.ui.index import FleetIndex  # noqa: E402
 from stacks.models import Address  # noqa: E402
@@ -118,6 +119,35 @@ async def bench() -> None:
     median, p95 = statistics.median(times) * 1000, times[int(len(times) * 0.95)] * 1000
     print(f"  median {median:.1f} ms, p95 {p95:.1f} ms, {size / 1024:.0f} KiB per page")
     assert "secret" not in html
+    cluster_status_memory(ctx.status)
+
+
+def cluster_status_memory(board: StatusBoard) -> None:
+    """What a follower keeps to show the leader's status (service/status_view.py): every Proxy's status as
+    the cluster has it (camelCase JSON, as a watch reads it), here the board's own statuses."""
+    raws = [
+        {
+            "metadata": {"namespace": key.split("/")[0], "name": key.split("/")[1]},
+            "status": status.model_dump(mode="json", by_alias=True, exclude_none=True),
+        }
+        for key in board.tracked()
+        if (status := board.published(key)) is not None
+    ]
+    started = time.perf_counter()
+    for raw in raws:
+        ClusterStatus().observe(raw)
+    took = time.perf_counter() - started  # untraced: tracemalloc slows every allocation
+    cluster = ClusterStatus()
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for raw in raws:
+        cluster.observe(raw)
+    held = sum(s.size_diff for s in tracemalloc.take_snapshot().compare_to(before, "filename"))
+    tracemalloc.stop()
+    print(
+        f"  a follower's copy of {len(raws)} cluster statuses: {held / 1024 / 1024:.1f} MiB "
+        f"({held / max(len(raws), 1):.0f} B per proxy), {took / max(len(raws), 1) * 1e6:.0f} us to take each"
+    )
 
 
 async def lease_times(ctx: ApiContext, *, seconds: float, page_every: float | None) -> list[float]:

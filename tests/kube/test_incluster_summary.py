@@ -94,6 +94,25 @@ def test_a_followers_page_shows_the_leaders_held_deletion_stacks_and_summary(fle
             assert f"/v1/deletions/{change}/allow" in page
             assert re.search(r"It would remove 3 of 4 proxies", page), page
             assert "as the leader replica-a (term 1) published it" in page
+
+            # The follower's fleet rows and /v1/status carry the leader's verdicts, from the cluster.
+            async def held_on_follower() -> str | None:
+                text = (await follower.get("/", params={"q": "p1"})).text
+                return text if "DeletionHeld" in text else None
+
+            row = await until_async(held_on_follower, what="the follower's fleet row says DeletionHeld")
+            applied = ((fleet.get("p1") or {}).get("status") or {}).get("observedSpecHash", "")
+            assert f"<code>{applied[:12]}</code>" in row, "the follower shows the applied spec hash"
+            answer = await follower.get(
+                "/v1/status", headers={"Authorization": f"Bearer {dev_token(fleet, b)}"}
+            )
+            assert answer.status_code == 200, answer.text
+            reasons = {
+                item["key"]: {c["reason"] for c in item["status"].get("conditions", [])}
+                for item in answer.json()["items"]
+            }
+            assert "DeletionHeld" in reasons[f"{fleet.namespace}/p1"], reasons
+            assert "DeletionHeld" not in reasons[f"{fleet.namespace}/p4"], reasons
             stacks = (await follower.get("/stacks")).text
             assert "From the leader" in stacks, stacks
             assert ">local<" in stacks, stacks

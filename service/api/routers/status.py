@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from service.api.deps import AdminClient, Context
 from service.api.errors import ApiError, responses
-from service.status import StatusBoard
+from service.status import StatusReader
 
 router = APIRouter(tags=["status"])
 
@@ -38,13 +38,13 @@ class StatusList(BaseModel):
     items: list[ProxyStatusOut]
 
 
-def _board(ctx: Context) -> StatusBoard:
+def _board(ctx: Context) -> StatusReader:
     if ctx.status is None:
         raise ApiError(503, "unavailable", "proxy status is not kept in this process")
     return ctx.status
 
 
-def _one(board: StatusBoard, key: str, *, events: int) -> ProxyStatusOut:
+def _one(board: StatusReader, key: str, *, events: int) -> ProxyStatusOut:
     recent = board.events(key)[-events:]
     return ProxyStatusOut(
         key=key,

@@ -17,6 +17,7 @@ from service.auth import TokenAuthenticator
 from service.discovery.memory import MemoryStore
 from service.discovery.service import DiscoveryService
 from service.inventory import Health, HealthState
+from service.pools.history import PoolHistory
 from service.settings import DiscoverySettings
 from service.status import StatusBoard
 from service.ui.context import HeldView
@@ -149,7 +150,13 @@ def test_the_pools_view_joins_a_pools_status_and_its_childrens_phases() -> None:
         )
         for i, phase in enumerate(["Ready", "Ready", "Provisioning"])
     ]
-    html = render_pools({"crawl/main": status}, rows, root="")
+    history = PoolHistory(size=2)
+    history.record("crawl/main", ["replacing main-0: older than maxAge", "scaling down: draining main-9"])
+    history.record("crawl/main", ["main-7 is healthy: draining main-0, which it replaces"])
+    html = render_pools({"crawl/main": status}, rows, root="", decisions=history.recent())
     assert "ReplacementFailed" in html
     assert "Provisioning 1, Ready 2" in html
     assert 'href="/?pool=main"' in html
+    # The last decisions, newest first, the oldest past the size dropped.
+    assert html.index("main-7 is healthy") < html.index("draining main-9")
+    assert "older than maxAge" not in html
