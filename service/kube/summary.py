@@ -55,6 +55,7 @@ class PublishedSummary:
     stacks: list[dict[str, Any]]
     pools: dict[str, dict[str, Any]]
     pool_decisions: list[dict[str, Any]]
+    forgotten: list[dict[str, Any]]
 
     @classmethod
     def parse(cls, text: str) -> PublishedSummary:
@@ -70,6 +71,7 @@ class PublishedSummary:
             stacks=[s for s in doc.get("stacks") or [] if isinstance(s, dict)],
             pools={str(k): v for k, v in (doc.get("pools") or {}).items() if isinstance(v, dict)},
             pool_decisions=[d for d in doc.get("poolDecisions") or [] if isinstance(d, dict)],
+            forgotten=[f for f in doc.get("forgotten") or [] if isinstance(f, dict)],
         )
 
 

@@ -48,6 +48,15 @@ class HeldView:
 HeldSource = Callable[[], HeldView | None]
 
 
+@dataclass(frozen=True)
+class Forgotten:
+    """A proxy skip-cleanup forgot: gone from state, its resources left running."""
+
+    key: str
+    message: str
+    at: float  # wall time
+
+
 @dataclass
 class LoginLimiter:
     """At most `attempts` log in tries per source address per minute (a sliding window)."""
@@ -82,6 +91,7 @@ class UiContext:
     leader: Callable[[], str | None] | None = None  # who leads, seen from a follower (None: this replica)
     held: HeldSource | None = None  # the held deletion (a follower's: from the leader's summary)
     decisions: Callable[[], Sequence[PoolDecision]] | None = None  # the pools' last, newest first
+    forgotten: Callable[[], Sequence[Forgotten]] | None = None  # what skip-cleanup forgot, newest first
     # On a follower: where the leader-only views come from ("published by pod-0 at ..."), or why they are
     # missing; None on the leader (or with no leader election).
     provenance: Callable[[], str | None] | None = None

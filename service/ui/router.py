@@ -128,6 +128,7 @@ async def deletions(request: Request) -> Response:
         await asyncio.to_thread(ui.index.rows),
         root=ui.settings.root_path,
         held=held,
+        forgotten=await asyncio.to_thread(ui.forgotten) if ui.forgotten is not None else [],
         leader=leader,
         provenance=await _provenance(request),
     )

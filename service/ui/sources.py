@@ -22,7 +22,7 @@ from service.incluster import ClusterMode
 from service.kube.summary import PublishedSummary
 from service.pools.history import PoolDecision
 from service.pools.source import PoolSource
-from service.ui.context import HeldSource, HeldView, StackRow, StacksSource
+from service.ui.context import Forgotten, HeldSource, HeldView, StackRow, StacksSource
 from service.ui.html import ago
 from service.ui.pools import PoolsSource
 from stacks.models import ProxyPoolStatus
@@ -135,6 +135,26 @@ def pool_decisions(control: Control) -> Callable[[], Sequence[PoolDecision]] | N
     return decisions
 
 
+def forgotten(control: Control) -> Callable[[], Sequence[Forgotten]]:
+    """What skip-cleanup forgot (the `Forgotten` events this replica's loop recorded, the last 50), or on
+    a follower as the leader published them."""
+
+    def found() -> Sequence[Forgotten]:
+        following, summary = _following(control)
+        if following:
+            out = []
+            for raw in summary.forgotten if summary else []:
+                with contextlib.suppress(KeyError, TypeError, ValueError):
+                    out.append(
+                        Forgotten(key=str(raw["key"]), message=str(raw["message"]), at=float(raw["at"]))
+                    )
+            return out
+        events = [e for e in control.status.events() if e.reason == "Forgotten"]
+        return [Forgotten(key=e.key, message=e.message, at=e.at.timestamp()) for e in reversed(events)][:50]
+
+    return found
+
+
 def held_deletion(control: Control) -> HeldSource:
     def held() -> HeldView | None:
         following, summary = _following(control)
@@ -183,7 +203,7 @@ def provenance(control: ClusterMode) -> Callable[[], str | None]:
 
 def summary_content(control: ClusterMode, *, owner: str) -> Callable[[], dict[str, Any]]:
     """What the leader publishes (service/kube/summary.py): the views only it can fill."""
-    held, pools = held_deletion(control), pool_statuses(control)
+    held, pools, forgot = held_deletion(control), pool_statuses(control), forgotten(control)
 
     def content() -> dict[str, Any]:
         found = held()
@@ -206,6 +226,7 @@ def summary_content(control: ClusterMode, *, owner: str) -> Callable[[], dict[st
                 for key, status in (pools() if pools is not None else {}).items()
             },
             "poolDecisions": [dataclasses.asdict(d) for d in control.pool_history.recent()],
+            "forgotten": [dataclasses.asdict(f) for f in forgot()],
         }
 
     return content

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections import Counter, deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
 from service.api.deps import ApiContext
 from service.health.egress import shared_egress
-from service.ui.context import HeldView, StackRow
+from service.ui.context import Forgotten, HeldView, StackRow
 from service.ui.facts import facts_of, leases_by_proxy, now
 from service.ui.fleet import bans_cell, health_cell, leases_cell, operation_cell, phase_badge, why
 from service.ui.html import esc, href, table, when
@@ -118,11 +119,12 @@ def render_deletions(
     *,
     root: str,
     held: HeldView | None,
+    forgotten: Sequence[Forgotten] = (),
     leader: str | None = None,
     provenance: str | None = None,
 ) -> str:
-    """`held`: the leader's held deletion (on a follower, as it published it: `provenance` says whose and
-    how old, or why there is none)."""
+    """`held`: the leader's held deletion, `forgotten` what skip-cleanup forgot, newest first (on a
+    follower, as the leader published them: `provenance` says whose and how old, or why there is none)."""
     out = ""
     if leader is not None:
         out += (
@@ -152,10 +154,9 @@ def render_deletions(
         if r.phase == "Deleting"
     ]
     out += "<h2>Proxies in Deleting</h2>" + table(["Proxy", "Why"], deleting, caption="deleting")
-    forgot = [e for e in (ctx.status.events() if ctx.status is not None else []) if e.reason == "Forgotten"]
     out += "<h2>What skip-cleanup forgot</h2>" + table(
         ["Proxy", "What", "When"],
-        [[esc(e.key), esc(e.message), when(e.at)] for e in forgot],
+        [[esc(e.key), esc(e.message), when(e.at)] for e in forgotten],
         caption="forgotten",
     )
     return out

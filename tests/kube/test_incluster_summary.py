@@ -136,6 +136,18 @@ def test_a_followers_page_shows_the_leaders_held_deletion_stacks_and_summary(fle
 
             await until_async(cleared, what="the follower's page drops the allowed change")
 
+            # skip-cleanup: forgotten by the leader, listed on the follower's page.
+            fleet.edit("p4", {"metadata": {"annotations": {"crawl.example.com/skip-cleanup": "true"}}})
+            fleet.delete("p4")
+            await until(lambda: fleet.get("p4") is None, what="p4 forgotten and released", within=60)
+
+            async def forgotten() -> str | None:
+                text = (await follower.get("/deletions")).text
+                tail = text[text.index("What skip-cleanup forgot") :]
+                return tail if f"{fleet.namespace}/p4" in tail else None
+
+            await until_async(forgotten, what="the follower lists what skip-cleanup forgot")
+
             await a.stop()
             await until(lambda: b.mode.leading, what="b takes over", within=30)
             await until(

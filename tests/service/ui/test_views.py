@@ -20,7 +20,7 @@ from service.inventory import Health, HealthState
 from service.pools.history import PoolHistory
 from service.settings import DiscoverySettings
 from service.status import StatusBoard
-from service.ui.context import HeldView
+from service.ui.context import Forgotten, HeldView
 from service.ui.fleet import FleetQuery, render_fleet, select
 from service.ui.index import FleetIndex, Row
 from service.ui.pools import render_pools
@@ -106,6 +106,8 @@ def test_a_followers_view_names_the_leader_and_a_cut_list_says_how_many_more() -
     assert "pod-0" in html
     assert "as pod-0 published it" in html
     assert "crawl/p1 and 699 more" in html
+    gone = [Forgotten(key="crawl/kept", message="forgotten: its resources keep running", at=0.0)]
+    assert "crawl/kept" in render_deletions(_context(["a"]), [], root="", held=None, forgotten=gone)
 
 
 def test_the_lease_view_reads_the_services_own_counters() -> None:
