@@ -79,9 +79,21 @@ class TransientError(ProxyOperatorError):
 
 
 class StackLockedError(TransientError):
-    """Another operation holds the stack's lock; it is released when that operation ends."""
+    """Another operation holds the stack's lock; it is released when that operation ends. `holders`: who
+    holds it as the CLI reports each lock (`user@host (pid N)`), empty when the message names none."""
 
     default_reason = Reason.STACK_LOCKED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str | None = None,
+        retry_after: float | None = None,
+        holders: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(message, reason=reason, retry_after=retry_after)
+        self.holders = holders
 
 
 def classify(exc: Exception) -> ProxyOperatorError:

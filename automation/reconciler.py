@@ -25,6 +25,7 @@ from automation.engine import (
     PreviewStep,
 )
 from automation.errors import InvalidInputError, StackNotOwnedError, UnknownProviderError
+from automation.last_update import LastUpdate, UpdateLog
 from automation.ownership import Ownership, not_owned_message, ownership
 from automation.planner import Planner, StackPlan
 from automation.stack_input import (
@@ -81,6 +82,7 @@ class Reconciler:
     _refusals: dict[str, str] = field(default_factory=dict)  # stack -> why we leave it alone
     _drift_due: set[str] = field(default_factory=set)
     _run_due: set[str] = field(default_factory=set)  # an `up` was asked for (reconcile-requested-at)
+    updates: UpdateLog = field(default_factory=UpdateLog)  # each stack's last up or destroy
 
     async def __call__(self, name: str) -> None:
         await self.load_stack(name)
@@ -141,6 +143,10 @@ class Reconciler:
     def applied_outputs(self, name: str) -> dict[str, Any]:
         """The outputs of the stack's last successful `up` (empty before `load_stack`)."""
         return self._outputs.get(name, {})
+
+    def last_update(self, name: str) -> LastUpdate | None:
+        """How the stack's last `up` or `destroy` went (None before the first since this process started)."""
+        return self.updates.get(name)
 
     def drift_check_due(self, name: str) -> bool:
         return name in self._drift_due
@@ -217,7 +223,13 @@ class Reconciler:
         self._release(plan.forget, forgotten=True)
 
     async def _destroy(self, name: str) -> None:
-        result = await asyncio.to_thread(self.engine.destroy, name)
+        started = self.updates.start()
+        try:
+            result = await asyncio.to_thread(self.engine.destroy, name)
+        except Exception as exc:
+            self.updates.failed(name, kind="destroy", started_at=started, error=exc)
+            raise
+        self.updates.forget(name)  # the stack is gone, and its row with it
         self._applied.pop(name, None)
         self._outputs.pop(name, None)
         self._owned.pop(name, None)
@@ -230,13 +242,16 @@ class Reconciler:
 
     async def _up(self, plan: StackPlan, resolved: ResolvedStack, *, refresh: bool) -> None:
         self.reporter.operation_started(plan, type_="up")
+        started = self.updates.start()
         try:
             result = await asyncio.to_thread(self.engine.up, resolved.input, refresh=refresh)
         except Exception as exc:
+            self.updates.failed(plan.name, kind="up", started_at=started, error=exc)
             self.reporter.operation_finished(
                 plan, type_="up", error=getattr(exc, "message", None) or str(exc)
             )
             raise
+        self.updates.succeeded(plan.name, kind="up", started_at=started, result=result)
         self.reporter.operation_finished(plan, type_="up")
         self._owned[plan.name] = Ownership.OURS  # created (and tagged) by this up if it was new
         self._applied[plan.name] = resolved.input.spec_hash

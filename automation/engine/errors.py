@@ -6,6 +6,7 @@ import re
 
 from pulumi import automation as auto
 
+from automation.engine.locks import lock_owners
 from automation.errors import (
     CredentialsError,
     InvalidInputError,
@@ -53,7 +54,8 @@ def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorErro
     """Map a failed CLI call to a permanent or transient error with a short, useful message."""
     text = _message(exc)
     if isinstance(exc, auto.errors.ConcurrentUpdateError):
-        return StackLockedError(f"stack {stack} is locked by another operation: {text}")
+        holders = tuple(f"{o.user}@{o.host} (pid {o.pid})" for o in lock_owners(str(exc)))
+        return StackLockedError(f"stack {stack} is locked by another operation: {text}", holders=holders)
     if isinstance(exc, auto.errors.StackNotFoundError):
         return InvalidInputError(f"stack {stack} does not exist", reason=STACK_NOT_FOUND)
     for pattern, error_type, reason in _PERMANENT:

@@ -17,7 +17,9 @@ from stacks.models import ProxyPoolStatus
 
 @dataclass(frozen=True)
 class StackRow:
-    """One stack as the page shows it, from what the service keeps (queue state, applied outputs)."""
+    """One stack as the page shows it, from what the service keeps (queue state, applied outputs, the
+    reconciler's last update). Flat and JSON-friendly (str, int, float, None, tuples of str): a leader
+    publishes these to its followers with `dataclasses.asdict`."""
 
     name: str
     owner: str
@@ -26,8 +28,15 @@ class StackRow:
     consecutive_failures: int = 0
     reason: str | None = None
     error: str | None = None
-    next_retry_at: float | None = None
-    outputs: Sequence[str] = ()  # output names; values are never shown (they hold credentials)
+    next_retry_at: float | None = None  # wall-clock seconds
+    outputs: tuple[str, ...] = ()  # output names; values are never shown (they hold credentials)
+    last_kind: str | None = None  # the last update: up or destroy (None: none since this process started)
+    last_result: str | None = None  # succeeded, failed
+    last_reason: str | None = None  # a failed update's reason (StackLocked, NetworkError, ...)
+    last_started_at: float | None = None  # wall-clock seconds
+    last_seconds: float | None = None
+    last_changes: tuple[str, ...] = ()  # the engine's resource counts as words: ("create 2", "same 5")
+    lock: str | None = None  # "held by this replica (running)", "held by root@pod-1 (pid 7)", or None
 
 
 StacksSource = Callable[[], Sequence[StackRow]]

@@ -1,8 +1,9 @@
 """What the page reads from the control loop; imported by serve only (the settings import
 `service.ui.settings`, and must not import the loop through this package).
 
-The stacks view's rows: the queue's states and the names of the outputs of each stack's last `up`, no
-Pulumi CLI call. The pools view's statuses: the pool source's (directory mode) or the leader's ProxyPool
+The stacks view's rows: the queue's states, the reconciler's last update of each stack (kind, result,
+when, how long, resource counts), the lock (a run of this replica, or the holder a StackLocked failure
+names) and the names of the outputs of each stack's last `up`, no Pulumi CLI call. The pools view's statuses: the pool source's (directory mode) or the leader's ProxyPool
 watch (in a cluster). The held deletion: the deletion gate's. A follower has no loop: it shows what the
 leader published for it (`summary_content`, service/kube/summary.py), and says whose and how old.
 """
@@ -17,6 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from automation.errors import StackLockedError
+from automation.last_update import LastUpdate
+from automation.queue_state import QueueState, StackQueueState
 from service.controller import Controller
 from service.incluster import ClusterMode
 from service.kube.summary import PublishedSummary
@@ -57,28 +61,54 @@ def _own_stack_rows(control: Control, *, owner: str) -> list[StackRow]:
     for name, state in sorted(loop.queue.states().items()):
         outputs = loop.reconciler.applied_outputs(name)
         error = state.last_error
-        found.append(
-            StackRow(
-                name=name,
-                owner=owner,
-                state=state.state.value,
-                runs=state.runs,
-                consecutive_failures=state.consecutive_failures,
-                reason=state.reason,
-                error=str(error) if error else None,
-                next_retry_at=_wall(state.next_retry_at),  # whole seconds: a summary unchanged between polls
-                outputs=sorted(outputs),
-            )
+        row = StackRow(
+            name=name,
+            owner=owner,
+            state=state.state.value,
+            runs=state.runs,
+            consecutive_failures=state.consecutive_failures,
+            reason=state.reason,
+            error=str(error) if error else None,
+            next_retry_at=_wall(state.next_retry_at),  # whole seconds: a summary unchanged between polls
+            outputs=tuple(sorted(outputs)),
+            lock=lock_of(state),
         )
+        found.append(with_last_update(row, loop.reconciler.last_update(name)))
     return found
+
+
+def lock_of(state: StackQueueState) -> str | None:
+    """Who holds the stack's lock as far as this replica knows: its own run, or the holder that the last
+    failure (StackLocked) names."""
+    if state.state is QueueState.RUNNING:
+        return "held by this replica (running)"
+    error = state.last_error
+    if isinstance(error, StackLockedError):
+        return "held by " + (", ".join(error.holders) or "another operation (the CLI named no holder)")
+    return None
+
+
+def with_last_update(row: StackRow, last: LastUpdate | None) -> StackRow:
+    if last is None:
+        return row
+    return dataclasses.replace(
+        row,
+        last_kind=last.kind,
+        last_result=last.result,
+        last_reason=last.reason,
+        last_started_at=last.started_at,
+        last_seconds=last.seconds,
+        last_changes=last.counts,
+    )
 
 
 def _stack_row(raw: Mapping[str, Any]) -> StackRow:
     """A row the leader published: its known fields (a newer leader's extra ones are left out)."""
     names = {f.name for f in dataclasses.fields(StackRow)}
     values = {k: v for k, v in raw.items() if k in names}
-    if isinstance(values.get("outputs"), list):
-        values["outputs"] = tuple(str(o) for o in values["outputs"])
+    for listed in ("outputs", "last_changes"):  # tuples travel as JSON lists
+        if isinstance(values.get(listed), list):
+            values[listed] = tuple(str(o) for o in values[listed])
     try:
         return StackRow(**values)
     except TypeError:  # a field it lacks: show the name and say so
@@ -218,7 +248,11 @@ def summary_content(control: ClusterMode, *, owner: str) -> Callable[[], dict[st
                 "message": found.message,
             },
             "stacks": [
-                {**dataclasses.asdict(row), "outputs": list(row.outputs)}
+                {
+                    **dataclasses.asdict(row),
+                    "outputs": list(row.outputs),
+                    "last_changes": list(row.last_changes),
+                }
                 for row in _own_stack_rows(control, owner=owner)
             ],
             "pools": {

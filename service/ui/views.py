@@ -72,6 +72,28 @@ async def render_proxy(
     return out
 
 
+def update_cell(r: StackRow, at: float) -> str:
+    """The stack's last update: kind and result (a failure's reason), how long, when, resource counts."""
+    if r.last_kind is None:
+        return '<span class="mute">none since this replica started</span>'
+    tone = "ok" if r.last_result == "succeeded" else "bad"
+    text = f'{esc(r.last_kind)} <span class="{tone}">{esc(r.last_result)}</span>'
+    if r.last_reason:
+        text += f" ({esc(r.last_reason)})"
+    if r.last_seconds is not None:
+        text += f", {r.last_seconds:.1f} s"
+    text += f"<br>{when(r.last_started_at, now=at)}"
+    if r.last_changes:
+        text += f'<br><span class="mute">{esc(", ".join(r.last_changes))}</span>'
+    return text
+
+
+def lock_cell(r: StackRow) -> str:
+    if r.lock is None:
+        return '<span class="mute">none</span>'
+    return f'<span class="{"mute" if "this replica" in r.lock else "warn"}">{esc(r.lock)}</span>'
+
+
 def render_stacks(rows: list[StackRow], proxies: list[Row], *, root: str, text: str) -> str:
     at = now()
     shown = [r for r in rows if not text or text in r.name]
@@ -82,9 +104,12 @@ def render_stacks(rows: list[StackRow], proxies: list[Row], *, root: str, text: 
         body.append(
             [
                 f'<a href="{href(root, "/", {"q": r.name})}">{esc(r.name)}</a>',
+                esc(r.owner),
                 esc(r.state),
                 str(counts.get(r.name, 0)),
                 str(r.runs),
+                update_cell(r, at),
+                lock_cell(r),
                 esc(r.reason or "-") + (f'<br><span class="mute">{esc(r.error)}</span>' if r.error else ""),
                 retry,
                 esc(", ".join(r.outputs) or "-"),
@@ -102,6 +127,8 @@ def render_stacks(rows: list[StackRow], proxies: list[Row], *, root: str, text: 
                 "Queue state",
                 "Proxies",
                 "Runs",
+                ("Last update", "wide"),
+                "Lock",
                 "Last error",
                 "Next retry",
                 ("Outputs", "wide"),

@@ -7,7 +7,7 @@ from pulumi import automation as auto
 from pulumi.automation._cmd import CommandResult
 
 from automation.engine.errors import translate
-from automation.errors import CredentialsError, PermanentError, TransientError
+from automation.errors import CredentialsError, PermanentError, StackLockedError, TransientError
 
 
 def failed(stderr: str) -> auto.errors.CommandError:
@@ -34,3 +34,17 @@ def test_a_network_failure_is_transient() -> None:
     error = translate(failed("error: dial tcp 10.0.0.1:443: connect: connection refused"), stack="s")
     assert isinstance(error, TransientError)
     assert error.reason == "NetworkError"
+
+
+def test_a_held_lock_names_its_holders_as_the_cli_reports_them() -> None:
+    stderr = (
+        "error: the stack is currently locked by 1 lock(s).\n"
+        "  file:///state/.pulumi/locks/organization/proxy-operator/local/1.json: created by "
+        "root@replica-b (pid 42) at 2026-11-30T10:00:00Z"
+    )
+    error = translate(
+        auto.errors.ConcurrentUpdateError(CommandResult(stdout="", stderr=stderr, code=255)), stack="s"
+    )
+    assert isinstance(error, StackLockedError)
+    assert error.reason == "StackLocked"
+    assert error.holders == ("root@replica-b (pid 42)",)
