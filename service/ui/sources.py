@@ -3,9 +3,10 @@
 
 The stacks view's rows: the queue's states, the reconciler's last update of each stack (kind, result,
 when, how long, resource counts), the lock (a run of this replica, or the holder a StackLocked failure
-names) and the names of the outputs of each stack's last `up`, no Pulumi CLI call. The pools view's statuses: the pool source's (directory mode) or the leader's ProxyPool
-watch (in a cluster). The held deletion: the deletion gate's. A follower has no loop: it shows what the
-leader published for it (`summary_content`, service/kube/summary.py), and says whose and how old.
+names) and the names of the outputs of each stack's last `up`, no Pulumi CLI call. The pools view's
+statuses: the pool source's (directory mode) or the leader's ProxyPool watch (in a cluster). The held
+deletion: the deletion gate's. A follower has no loop: it shows what the leader published for it
+(`summary_content`, service/kube/summary.py), and says whose and how old.
 """
 
 from __future__ import annotations

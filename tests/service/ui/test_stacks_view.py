@@ -61,7 +61,8 @@ def test_a_stack_row_carries_its_last_update_and_the_lock_someone_else_holds(tmp
     assert (applied.owner, applied.last_kind, applied.last_result) == ("ours", "up", "succeeded")
     assert applied.last_changes == ("create 1",)  # the engine's resource_changes
     assert applied.last_seconds == 1.5
-    assert applied.last_started_at is not None and applied.lock is None
+    assert applied.last_started_at is not None
+    assert applied.lock is None
     assert (locked.last_kind, locked.last_result, locked.last_reason) == ("up", "failed", "StackLocked")
     assert locked.last_changes == ()
     assert locked.lock == "held by root@pod-b (pid 7)"
@@ -97,6 +98,7 @@ def test_the_stacks_view_shows_owner_last_update_counts_and_lock() -> None:
     cells = html.split("<tr>")[2].split("</td>")
     assert "prod" in cells[1]  # the Owner column holds the owner
     assert "backoff" in cells[2]
-    assert "up" in cells[5] and "failed" in cells[5] and "StackLocked" in cells[5] and "2.2 s" in cells[5]
+    assert "up <span" in cells[5]
+    assert "failed</span> (StackLocked), 2.2 s" in cells[5]
     assert "held by root@pod-b (pid 7)" in cells[6]
     assert "create 2, same 5" in html.split("<tr>")[3]
