@@ -49,6 +49,10 @@ class StackSummary(_Wire):
     last_result: str | None = None
     last_started: datetime | None = None
     last_finished: datetime | None = None
+    last_changes: dict[str, int] = Field(
+        default_factory=dict,
+        description="The last update's resource counts by operation, from its summary: {create: 2, same: 5}.",
+    )
 
 
 class StackDetail(StackSummary):
@@ -116,6 +120,7 @@ def detail_from(info: StackInfo, *, provider_type: str | None) -> StackDetail:
         last_result=info.last_result,
         last_started=info.last_started,
         last_finished=info.last_finished,
+        last_changes=info.last_changes,
         outputs=_masked(info.outputs, show_secrets=False),
     )
 

@@ -106,6 +106,7 @@ class StackInfo:
     last_started: datetime | None
     last_finished: datetime | None
     outputs: dict[str, tuple[Any, bool]] = field(repr=False)
+    last_changes: dict[str, int] = field(default_factory=dict)  # the last update's resource counts
 
     @classmethod
     def build(
@@ -125,4 +126,5 @@ class StackInfo:
             last_started=getattr(last, "start_time", None),
             last_finished=getattr(last, "end_time", None),
             outputs={key: (out.value, out.secret) for key, out in outputs.items()},
+            last_changes=dict(getattr(last, "resource_changes", None) or {}),
         )

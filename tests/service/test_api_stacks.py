@@ -55,6 +55,7 @@ def test_stacks_routes_show_a_real_stack_as_the_cli_does(
     assert stack["proxies"] == example.keys
     assert stack["resourceCount"] == 9  # per proxy: its component, its credentials, its process
     assert (stack["lastOperation"], stack["lastResult"]) == ("update", "succeeded")
+    assert stack["lastChanges"] == {"create": 10}  # the 9 resources and the stack itself
     assert len(stack["appliedHash"]) == 64
     assert "outputs" not in stack
 
