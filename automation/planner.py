@@ -242,6 +242,11 @@ class Planner:
             self._by_stack[new].add(key)
         return {name for name in (old, new) if name}
 
+    def spec_hash_of(self, key: str) -> str | None:
+        """The spec hash of the proxy as declared now (None: not declared); its status's observed hash is
+        what its stack applied, so the two differ while an update is pending or held."""
+        return self._hashes.get(key)
+
     def stack_of(self, key: str) -> str | None:
         """The stack a proxy's resources are in or go to (None: nowhere yet)."""
         return self._home.get(key)

@@ -42,6 +42,7 @@ from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
 from service.ui.sources import (
+    desired_hashes,
     forgotten,
     held_deletion,
     pool_decisions,
@@ -186,6 +187,7 @@ def _assemble(
         page.held = held_deletion(controller)
         page.decisions = pool_decisions(controller)
         page.forgotten = forgotten(controller)
+        page.desired = desired_hashes(controller)
         if isinstance(controller, ClusterMode):
             page.leader = _leader_name(controller)
             page.provenance = provenance(controller)

@@ -40,6 +40,7 @@ class StackRow:
 
 
 StacksSource = Callable[[], Sequence[StackRow]]
+DesiredHash = Callable[[str], str | None]  # a proxy's spec hash as the control loop sees it now
 
 
 @dataclass(frozen=True)
@@ -104,3 +105,4 @@ class UiContext:
     # On a follower: where the leader-only views come from ("published by pod-0 at ..."), or why they are
     # missing; None on the leader (or with no leader election).
     provenance: Callable[[], str | None] | None = None
+    desired: DesiredHash | None = None  # None: no control loop here (a follower, an API-only process)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from service.api.deps import ApiContext
 from service.health.egress import shared_egress
-from service.ui.context import StackRow
+from service.ui.context import DesiredHash, StackRow
 from service.ui.facts import Facts, facts_of, leases_by_proxy, now
 from service.ui.html import esc, href, table, when
 from service.ui.index import Row
@@ -121,6 +121,25 @@ def operation_cell(facts: Facts, at: float) -> str:
     return f"{esc(last.type)} {esc(last.result)}{took}<br>{when(last.finished_at or last.started_at, now=at)}"
 
 
+def pending(desired: str | None, applied: str | None, *, phase: str) -> str | None:
+    """Why the declared spec is not the applied one, or None when they agree (or desired is unknown here)."""
+    if desired is None or desired == applied:
+        return None
+    return "held: not applied" if phase == "Held" else "update pending"
+
+
+def hash_cell(desired: str | None, applied: str | None, *, phase: str, width: int = 12) -> str:
+    """Desired vs applied spec hash: one hash when they agree, both and why when they do not."""
+    gap = pending(desired, applied, phase=phase)
+    shown = f"<code>{esc((applied or '-')[:width])}</code>"
+    if gap is None:
+        return shown if desired is None else f'{shown}<br><span class="mute">= desired</span>'
+    return (
+        f"desired <code>{esc(desired[:width] if desired else '-')}</code><br>applied {shown}"
+        f'<br><span class="warn">{esc(gap)}</span>'
+    )
+
+
 def leases_cell(facts: Facts) -> str:
     if not facts.leases:
         return "0"
@@ -158,6 +177,7 @@ async def render_fleet(
     root: str,
     size: int,
     stacks: Mapping[str, StackRow] | None = None,
+    desired: DesiredHash | None = None,
 ) -> str:
     chosen = select(rows, query)
     pages = max(1, -(-len(chosen) // size))
@@ -178,7 +198,7 @@ async def render_fleet(
                 why(fact),
                 f'{esc(row.pool or "-")}<br><span class="mute">{esc(row.provider)}</span>',
                 f'<a href="{href(root, "/stacks", {"q": row.stack})}">{esc(row.stack or "-")}</a>',
-                f"<code>{esc((applied or '-')[:12])}</code>",
+                hash_cell(desired(row.key) if desired else None, applied, phase=row.phase),
                 operation_cell(fact, at),
                 health_cell(fact),
                 leases_cell(fact),
@@ -192,7 +212,7 @@ async def render_fleet(
         "Why not ready",
         "Pool / provider",
         ("Stack", "wide"),
-        ("Applied hash", "wide"),
+        ("Spec hash", "wide"),
         ("Last operation", "wide"),
         "Probe",
         "Leases",

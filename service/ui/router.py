@@ -68,6 +68,7 @@ async def fleet(request: Request) -> Response:
         root=ui.settings.root_path,
         size=ui.settings.page_size,
         stacks=stacks,
+        desired=ui.desired,
     )
     return _answer(request, "Fleet", body, who)
 
@@ -79,7 +80,9 @@ async def proxy(request: Request, namespace: str, name: str) -> Response:
         return stop
     ui = ui_of(request)
     key = f"{namespace}/{name}"
-    body = await render_proxy(context_of(request), key, root=ui.settings.root_path, probes=ui.probes)
+    body = await render_proxy(
+        context_of(request), key, root=ui.settings.root_path, probes=ui.probes, desired=ui.desired
+    )
     return _answer(request, f"Proxy {namespace}/{name}", body, who)
 
 

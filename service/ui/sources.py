@@ -27,7 +27,7 @@ from service.incluster import ClusterMode
 from service.kube.summary import PublishedSummary
 from service.pools.history import PoolDecision
 from service.pools.source import PoolSource
-from service.ui.context import Forgotten, HeldSource, HeldView, StackRow, StacksSource
+from service.ui.context import DesiredHash, Forgotten, HeldSource, HeldView, StackRow, StacksSource
 from service.ui.html import ago
 from service.ui.pools import PoolsSource
 from stacks.models import ProxyPoolStatus
@@ -120,6 +120,19 @@ def _stack_row(raw: Mapping[str, Any]) -> StackRow:
 def _wall(monotonic: float | None) -> float | None:
     """The queue's retry time is on the monotonic clock; the page shows wall time."""
     return None if monotonic is None else round(time.time() + (monotonic - time.monotonic()))
+
+
+def desired_hashes(control: Control) -> DesiredHash:
+    """Each proxy's spec hash as the planner holds it now (a dict look-up, nothing decoded); None on a
+    replica that does not lead (no planner runs there)."""
+
+    def desired(key: str) -> str | None:
+        if isinstance(control, ClusterMode) and not control.leading:
+            return None
+        loop = control.controller if isinstance(control, ClusterMode) else control
+        return loop.planner.spec_hash_of(key) if loop is not None else None
+
+    return desired
 
 
 def pool_statuses(control: Control) -> PoolsSource | None:

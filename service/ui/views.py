@@ -10,16 +10,29 @@ from prometheus_client import CollectorRegistry
 
 from service.api.deps import ApiContext
 from service.health.egress import shared_egress
-from service.ui.context import Forgotten, HeldView, StackRow
+from service.ui.context import DesiredHash, Forgotten, HeldView, StackRow
 from service.ui.facts import facts_of, leases_by_proxy, now
-from service.ui.fleet import bans_cell, health_cell, leases_cell, operation_cell, phase_badge, why
+from service.ui.fleet import (
+    bans_cell,
+    hash_cell,
+    health_cell,
+    leases_cell,
+    operation_cell,
+    phase_badge,
+    why,
+)
 from service.ui.html import esc, href, table, when
 from service.ui.index import Row
 from service.ui.probes import ProbeHistory, chart
 
 
 async def render_proxy(
-    ctx: ApiContext, key: str, *, root: str, probes: ProbeHistory | None = None
+    ctx: ApiContext,
+    key: str,
+    *,
+    root: str,
+    probes: ProbeHistory | None = None,
+    desired: DesiredHash | None = None,
 ) -> str | None:
     endpoint = ctx.inventory.get(key)
     at = now()
@@ -46,7 +59,15 @@ async def render_proxy(
                 else "-"
             ),
         ),
-        ("Applied spec hash", f"<code>{esc(status.observed_spec_hash if status else '-')}</code>"),
+        (
+            "Spec hash (desired / applied)",
+            hash_cell(
+                desired(key) if desired else None,
+                status.observed_spec_hash if status else None,
+                phase=(status.phase or "") if status else "",
+                width=64,
+            ),
+        ),
         ("Last operation", operation_cell(fact, at)),
         ("Probe", health_cell(fact)),
         ("Leases now", leases_cell(fact)),

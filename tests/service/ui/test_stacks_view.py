@@ -11,11 +11,17 @@ from pathlib import Path
 
 from automation.errors import StackLockedError
 from automation.queue_state import QueueState, StackQueueState
+from service.controller import Controller
 from service.ui.context import StackRow
-from service.ui.sources import lock_of, stack_rows
+from service.ui.sources import desired_hashes, lock_of, stack_rows
 from service.ui.views import render_stacks
 from tests.automation.standin_engine import RecordingEngine
 from tests.service.test_declared_deletion import Folder, apply, make_controller
+
+
+def observed(controller: Controller, key: str) -> str | None:
+    status = controller.status.published(key)
+    return status.observed_spec_hash if status is not None else None
 
 
 class Clock:
@@ -47,13 +53,16 @@ def test_a_stack_row_carries_its_last_update_and_the_lock_someone_else_holds(tmp
         folder.proxy("a", port=3001)
         controller = make_controller(folder, engine, tmp_path / "s")
         controller.reconciler.updates.clock = Clock()
-        rows = stack_rows(controller, owner="ours")
+        rows, desired = stack_rows(controller, owner="ours"), desired_hashes(controller)
         await apply(controller)
         applied = list(rows())
+        assert desired("crawl/a") == observed(controller, "crawl/a")  # up to date
         engine.locked = True
         folder.proxy("a", port=3002)
         await apply(controller)
         locked = list(rows())
+        assert desired("crawl/a") not in (None, observed(controller, "crawl/a"))  # the edit waits
+        assert desired("crawl/nope") is None
         await controller.close(grace=1)
         return applied, locked
 

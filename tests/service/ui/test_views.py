@@ -26,7 +26,7 @@ from service.ui.index import FleetIndex, Row
 from service.ui.pools import render_pools
 from service.ui.probes import ProbeHistory, chart
 from service.ui.sources import held_deletion
-from service.ui.views import LeaseRates, render_deletions, render_leases
+from service.ui.views import LeaseRates, render_deletions, render_leases, render_proxy
 from stacks.models import Condition, ProxyPoolStatus
 from tests.service.conftest import healthy_inventory
 
@@ -162,3 +162,25 @@ def test_the_pools_view_joins_a_pools_status_and_its_childrens_phases() -> None:
     # The last decisions, newest first, the oldest past the size dropped.
     assert html.index("main-7 is healthy") < html.index("draining main-9")
     assert "older than maxAge" not in html
+
+
+def test_a_row_whose_declared_spec_is_not_the_applied_one_says_so() -> None:
+    ctx = _context(["a", "b"])
+    board = ctx.status
+    assert board is not None
+    for name in ("a", "b"):
+        board.set_applied(f"default/{name}", stack="local", spec_hash="a" * 64, address=None)
+    desired = {"default/a": "a" * 64, "default/b": "b" * 64}.get
+    rows = FleetIndex(inventory=ctx.inventory, board=board).rows()
+    html = asyncio.run(render_fleet(ctx, rows, FleetQuery(), root="", size=50, desired=desired))
+    a, b = html.split("<tr>")[2:4]
+    assert "= desired" in a
+    assert "update pending" not in a
+    assert "desired <code>bbbbbbbbbbbb</code><br>applied <code>aaaaaaaaaaaa</code>" in b
+    assert "update pending" in b
+    page = asyncio.run(render_proxy(ctx, "default/b", root="", desired=desired))
+    assert page is not None
+    assert f"desired <code>{'b' * 64}</code><br>applied <code>{'a' * 64}</code>" in page
+    assert "update pending" in page
+    follower = asyncio.run(render_fleet(ctx, rows, FleetQuery(), root="", size=50))
+    assert "update pending" not in follower  # no control loop: nothing to compare with
