@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
 from service.discovery.handout_order import HandOutOrder
 from service.discovery.report_book import ReportBook
+from service.discovery.report_summary import ReportEntry, ReportSummaries
 from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, LeaseRecord, Limited, Penalty
 
 # Expired entries are swept at most this often (store-clock seconds); leases stay readable this long
@@ -78,6 +79,7 @@ class MemoryStore:
         self._last_candidates: Collection[str] | None = None
         self._next_sweep = 0.0
         self._reports = ReportBook()
+        self._summaries = ReportSummaries()
         self._holdings = MemoryHoldings()
 
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
@@ -298,6 +300,14 @@ class MemoryStore:
         with self._lock:
             return self._reports.count_report(client=client, now=now, period=period)
 
+    async def note_report(self, *, proxy: str, target: str, client: str, kind: str, now: float) -> None:
+        with self._lock:
+            self._summaries.note(proxy=proxy, target=target, client=client, kind=kind, now=now)
+
+    async def reports_on(self, proxy: str, *, now: float) -> list[ReportEntry]:
+        with self._lock:
+            return self._summaries.read(proxy, now=now)
+
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
         with self._lock:
             found = [(t, p[proxy]) for t, p in self._penalty.items() if proxy in p]
@@ -341,6 +351,7 @@ class MemoryStore:
         for pair in [p for p, r in self._resume.items() if r.until <= now or r.epoch != self._lru.epoch]:
             del self._resume[pair]
         self._reports.sweep(now=now, keep=LEASE_GRACE)
+        self._summaries.sweep(now=now)
         self._holdings.sweep(now=now)
         while self._lease_gc and self._lease_gc[0][0] <= now:
             lease_id = heapq.heappop(self._lease_gc)[1]

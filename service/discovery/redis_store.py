@@ -7,7 +7,8 @@ its next walk of the LRU resumes (see redis_scripts.py); for reports, `P:used:<c
 its latest lease, `P:err:<proxy>` zset client -> its `error` vote, `P:rate:<client>:<window>` a counter; for
 fair shares (fair_share.py), `P:act:<client>` zset lease id -> end of each active lease,
 `P:banby:<client>|<target>` zset proxy -> end of a penalty its report set for that target, and
-`P:lrate:<client>` its rate bucket.
+`P:lrate:<client>` its rate bucket; for the report summary (report_summary.py), `P:rep:<proxy>` hash entry ->
+reports and `P:repat:<proxy>` zset entry -> latest report.
 Every key but `P:lru` carries a TTL.
 """
 
@@ -26,6 +27,15 @@ from redis.exceptions import RedisError
 
 from service.discovery import redis_scripts
 from service.discovery.redis_pipe import RedisPipe
+from service.discovery.report_summary import (
+    KEEP_SECONDS,
+    MOST,
+    NOTE_REPORT,
+    ReportEntry,
+    entry_of,
+    field_of,
+    newest_first,
+)
 from service.discovery.store import (
     Acquired,
     AcquireRequest,
@@ -64,6 +74,7 @@ class RedisStore:
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
         self._error_vote = client.register_script(redis_scripts.ERROR_VOTE)
         self._count_report = client.register_script(redis_scripts.COUNT_REPORT)
+        self._note_report = client.register_script(NOTE_REPORT)
         self._digests: dict[frozenset[str], str] = {}
         self._uploaded: set[str] = set()
         self._uploading: dict[str, asyncio.Future[None]] = {}
@@ -276,6 +287,19 @@ class RedisStore:
         key = f"{self._p}:rate:{client}:{window}"
         count = await self._run(self._count_report, keys=[key], args=[lifetime])
         return int(count), (window + 1) * period
+
+    async def note_report(self, *, proxy: str, target: str, client: str, kind: str, now: float) -> None:
+        name = field_of(target=target, client=client, kind=kind)
+        keys = [f"{self._p}:rep:{proxy}", f"{self._p}:repat:{proxy}"]
+        await self._run(self._note_report, keys=keys, args=[name, _f(now), _f(KEEP_SECONDS), str(MOST)])
+
+    async def reports_on(self, proxy: str, *, now: float) -> list[ReportEntry]:
+        counts = cast(dict[str, str], await self._r.hgetall(f"{self._p}:rep:{proxy}"))
+        latest = await self._r.zrangebyscore(
+            f"{self._p}:repat:{proxy}", f"({_f(now - KEEP_SECONDS)}", "+inf", withscores=True
+        )
+        found = [entry_of(name, count=int(counts.get(name, 0)), last=float(at)) for name, at in latest]
+        return newest_first([e for e in found if e.count > 0])
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:
         strikes = cast(dict[str, str], await self._r.hgetall(f"{self._p}:strikes:{proxy}"))

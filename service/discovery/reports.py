@@ -13,6 +13,8 @@ The rules (docs/security.md, "The discovery API"):
    let one client undo another's ban.
 6. `error` counts against the proxy's health only once `error_quorum` distinct clients agree within
    `error_window_seconds`; each of them counts once. The prober's own probes count on their own.
+7. Every accepted report is counted in the proxy's report summary (service/discovery/report_summary.py:
+   per target, client and kind), which people read on the fleet page; it decides nothing.
 """
 
 from __future__ import annotations
@@ -81,10 +83,14 @@ class Reports:
         )
         if outcome == "banned":
             assert lease_id is not None
-            return await self._ban(key, target=target, lease_id=lease_id, now=now)
-        if outcome == "ok":
-            return await self._forgive(key, target=target, now=now)
-        return await self._error(key, target=target, client=client, now=now)
+            taken = await self._ban(key, target=target, lease_id=lease_id, now=now)
+        elif outcome == "ok":
+            taken = await self._forgive(key, target=target, now=now)
+        else:
+            taken = await self._error(key, target=target, client=client, now=now)
+        # Who said what, for people (the fleet page); an accepted report only.
+        await self._store.note_report(proxy=key, target=target, client=client, kind=outcome, now=now)
+        return taken
 
     async def _within_rate(self, client: str, *, now: float) -> None:
         period = self._settings.report_rate_period_seconds

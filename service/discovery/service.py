@@ -24,6 +24,7 @@ from service.discovery.fair_share import holding_limit
 from service.discovery.lease_users import SWEEP_SECONDS, LeaseUser, LeaseUsers
 from service.discovery.limits import lease_ttl
 from service.discovery.observer import DiscoveryObserver
+from service.discovery.report_summary import ReportEntry
 from service.discovery.reports import ANY_TARGET, ReportOutcome, Reports
 from service.discovery.store import AcquireRequest, FairShare, LeaseRecord, Limited, Penalty, Store
 from service.discovery.waiter import Waiter
@@ -308,6 +309,10 @@ class DiscoveryService:
 
     async def penalties(self, proxy: str) -> list[Penalty]:
         return await self.store.penalties(proxy, now=self._clock())
+
+    async def reports_on(self, proxy: str) -> list[ReportEntry]:
+        """Who reported what on the proxy (report_summary.py), the latest first."""
+        return await self.store.reports_on(proxy, now=self._clock())
 
     def retry_after_header(self, seconds: float) -> str:
         return str(max(1, math.ceil(seconds)))

@@ -11,6 +11,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from service.discovery.report_summary import ReportEntry
+
 
 @dataclass(frozen=True)
 class LeaseRecord:
@@ -139,6 +141,15 @@ class Store(Protocol):
     async def count_report(self, *, client: str, now: float, period: float) -> tuple[int, float]:
         """Count one report of `client` in the current fixed window of `period` seconds: (reports in it,
         this one included; when it ends)."""
+        ...
+
+    async def note_report(self, *, proxy: str, target: str, client: str, kind: str, now: float) -> None:
+        """Count an accepted report in the proxy's summary (service/discovery/report_summary.py: at most 32
+        entries per proxy, each gone 24 h after its latest report)."""
+        ...
+
+    async def reports_on(self, proxy: str, *, now: float) -> list[ReportEntry]:
+        """The proxy's report summary, the latest report first."""
         ...
 
     async def penalties(self, proxy: str, *, now: float) -> list[Penalty]:

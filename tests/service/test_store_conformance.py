@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 
 from service.discovery.memory import MemoryStore
 from service.discovery.redis_store import RedisStore
+from service.discovery.report_summary import KEEP_SECONDS, MOST, ReportEntry
 from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, FairShare, Limited, Store
 from tests.service.conftest import RedisServer
 
@@ -179,6 +180,48 @@ def test_reports_are_counted_per_client_in_fixed_windows(run: Callable[[Scenario
         assert counts == [(1, start + 60), (2, start + 60), (3, start + 60)]
         assert await s.store.count_report(client="y", now=start + 5, period=60) == (1, start + 60)
         assert await s.store.count_report(client="x", now=start + 60, period=60) == (1, start + 120)
+
+    run(scenario)
+
+
+def test_the_report_summary_counts_per_target_client_and_kind(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        note = s.store.note_report
+        await note(proxy="a", target="shop.example", client="x", kind="banned", now=NOW)
+        await note(proxy="a", target="shop.example", client="x", kind="banned", now=NOW + 5)
+        await note(proxy="a", target="shop.example", client="y", kind="ok", now=NOW + 7)
+        await note(proxy="a", target="*", client="x", kind="error", now=NOW + 6)
+        await note(proxy="b", target="shop.example", client="x", kind="banned", now=NOW + 8)
+        assert await s.store.reports_on("a", now=NOW + 10) == [
+            ReportEntry(target="shop.example", client="y", kind="ok", count=1, last=NOW + 7),
+            ReportEntry(target="*", client="x", kind="error", count=1, last=NOW + 6),
+            ReportEntry(target="shop.example", client="x", kind="banned", count=2, last=NOW + 5),
+        ]
+        assert [e.count for e in await s.store.reports_on("b", now=NOW + 10)] == [1]
+        assert await s.store.reports_on("c", now=NOW + 10) == []
+
+    run(scenario)
+
+
+def test_the_report_summary_keeps_32_entries_per_proxy_and_a_day(run: Callable[[Scenario], None]) -> None:
+    async def scenario(s: Stores) -> None:
+        for i in range(MOST + 3):
+            await s.store.note_report(proxy="a", target=f"t{i}", client="x", kind="banned", now=NOW + i)
+        kept = await s.store.reports_on("a", now=NOW + 100)
+        assert len(kept) == MOST
+        assert {e.target for e in kept} == {f"t{i}" for i in range(3, MOST + 3)}  # the oldest three dropped
+        await s.store.note_report(proxy="a", target="t3", client="x", kind="banned", now=NOW + 100)
+        await s.advance(KEEP_SECONDS - 50)  # the keys outlive the oldest entries' day...
+        late = NOW + KEEP_SECONDS + 50
+        assert await s.store.reports_on("a", now=late) == [
+            ReportEntry(target="t3", client="x", kind="banned", count=2, last=NOW + 100)
+        ]  # ...whose entries are gone
+        await s.store.note_report(proxy="a", target="u", client="x", kind="ok", now=late)
+        assert [e.target for e in await s.store.reports_on("a", now=late)] == ["u", "t3"]
+        await s.advance(KEEP_SECONDS - 1)  # a new report keeps the keys another day
+        assert [e.target for e in await s.store.reports_on("a", now=late + KEEP_SECONDS - 1)] == ["u"]
+        await s.advance(2)
+        assert await s.store.reports_on("a", now=late + KEEP_SECONDS + 1) == []
 
     run(scenario)
 
