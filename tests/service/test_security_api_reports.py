@@ -7,12 +7,15 @@ client's reports are rate-limited.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.service.conftest import ApiFactory, FakeClock, auth, healthy_inventory
+from service.discovery.memory import MemoryStore
+from service.discovery.report_summary import ReportEntry
+from tests.service.conftest import ApiFactory, FakeClock, StoreFactory, auth, healthy_inventory
 
 TARGET = "shop.example"
 
@@ -129,3 +132,38 @@ def test_reports_are_rate_limited_per_client_with_retry_after(start_api: ApiFact
         assert _report(client, "crawler-b", lease=lease_b["leaseId"], outcome="ok").status_code == 200
         clock.advance(40)
         assert _report(client, "crawler-a", lease=lease_a["leaseId"], outcome="ok").status_code == 200
+
+
+def test_the_report_summary_names_who_said_what_and_only_what_was_taken(
+    start_api: ApiFactory, store_factory: StoreFactory
+) -> None:
+    clock = FakeClock()
+    api = start_api(inventory=healthy_inventory(["a"]), clock=clock)
+    with api.client() as client:
+        _refused(_report(client, "crawler-b", proxy="default/a", outcome="error"), 403, "not_a_leaseholder")
+        lease_a = _lease(client, "crawler-a")
+        for outcome in ("banned", "banned", "error"):  # the second ban is already counted, still a report
+            assert _report(client, "crawler-a", lease=lease_a["leaseId"], outcome=outcome).status_code == 200
+            clock.advance(1)
+        _refused(
+            _report(client, "crawler-a", lease=lease_a["leaseId"], target="other.example", outcome="ok"),
+            409,
+            "target_not_leased",
+        )
+
+    async def read() -> list[ReportEntry]:
+        # The memory store is the API's own; a Redis one is any store on the same keys (another replica).
+        store = api.discovery.store if isinstance(api.discovery.store, MemoryStore) else store_factory()
+        try:
+            return await store.reports_on("default/a", now=clock())
+        finally:
+            if store is not api.discovery.store:
+                await store.close()
+
+    entries = asyncio.run(read())
+    start = FakeClock().now
+    assert entries == [  # the refused reports count nowhere
+        ReportEntry(target=TARGET, client="crawler-a", kind="error", count=1, last=start + 2),
+        ReportEntry(target=TARGET, client="crawler-a", kind="banned", count=2, last=start + 1),
+    ]
+    assert lease_a["leaseId"] not in repr(entries)
