@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from service.api.deps import ApiContext
+from service.discovery.report_summary import KEEP_SECONDS, MOST, ReportEntry
+from service.discovery.reports import ANY_TARGET
 from service.health.egress import shared_egress
 from service.ui.context import DesiredHash, Forgotten, HeldView, StackRow
 from service.ui.facts import facts_of, leases_by_proxy, now
@@ -80,6 +82,7 @@ async def render_proxy(
     ]
     if probes is not None:
         out += "<h2>Probes</h2>" + chart(probes.series(key))
+    out += "<h2>Reports by target and client</h2>" + reports_table(await ctx.discovery.reports_on(key), at)
     out += "<h2>Conditions</h2>" + table(
         ["Type", "Status", "Reason", "Message", "Since"], conditions, caption="conditions"
     )
@@ -91,6 +94,26 @@ async def render_proxy(
     )
     out += f"<h2>Recent events</h2><ol reversed>{timeline or '<li class=mute>none kept</li>'}</ol>"
     return out
+
+
+def reports_table(entries: list[ReportEntry], at: float) -> str:
+    """The proxy's report summary from the discovery store (every replica's, with Redis): names and counts,
+    no lease id."""
+    rows = [
+        [
+            esc(e.target) if e.target != ANY_TARGET else '<span class="mute">any (by proxy)</span>',
+            esc(e.client),
+            esc(e.kind),
+            str(e.count),
+            when(e.last, now=at),
+        ]
+        for e in entries
+    ]
+    return table(
+        ["Target", "Client", "Kind", "Count", "Last"],
+        rows,
+        caption=f"reports of the last {KEEP_SECONDS / 3600:g} h, at most {MOST} kept",
+    )
 
 
 def update_cell(r: StackRow, at: float) -> str:

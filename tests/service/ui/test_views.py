@@ -4,6 +4,7 @@ deletion with the one command that allows it; links under the root path."""
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,3 +185,29 @@ def test_a_row_whose_declared_spec_is_not_the_applied_one_says_so() -> None:
     assert "update pending" in page
     follower = asyncio.run(render_fleet(ctx, rows, FleetQuery(), root="", size=50))
     assert "update pending" not in follower  # no control loop: nothing to compare with
+
+
+def test_a_proxy_page_lists_its_reports_by_target_and_client() -> None:
+    ctx = _context(["a"])
+    store = ctx.discovery.store
+    at = time.time()
+
+    async def page() -> str | None:
+        await store.note_report(
+            proxy="default/a", target="shop.example", client="crawler-a", kind="banned", now=at
+        )
+        await store.note_report(
+            proxy="default/a", target="shop.example", client="crawler-a", kind="banned", now=at
+        )
+        await store.note_report(proxy="default/a", target="*", client="crawler-b", kind="error", now=at - 60)
+        return await render_proxy(ctx, "default/a", root="")
+
+    html = asyncio.run(page())
+    assert html is not None
+    section = html.split("Reports by target and client")[1]
+    rows = section.split("<tbody>")[1].split("</tbody>")[0].split("<tr>")[1:]
+    assert [r.count("<td") for r in rows] == [5, 5]
+    cells = [[c.split(">", 1)[1] for c in r.split("</td>")[:5]] for r in rows]
+    assert cells[0][:4] == ["shop.example", "crawler-a", "banned", "2"]
+    assert cells[1][:4] == ['<span class="mute">any (by proxy)</span>', "crawler-b", "error", "1"]
+    assert cells[1][4].endswith(" s ago</time>")
