@@ -295,8 +295,11 @@ class RedisStore:
 
     async def reports_on(self, proxy: str, *, now: float) -> list[ReportEntry]:
         counts = cast(dict[str, str], await self._r.hgetall(f"{self._p}:rep:{proxy}"))
-        latest = await self._r.zrangebyscore(
-            f"{self._p}:repat:{proxy}", f"({_f(now - KEEP_SECONDS)}", "+inf", withscores=True
+        latest = cast(
+            list[tuple[str, float]],
+            await self._r.zrangebyscore(
+                f"{self._p}:repat:{proxy}", f"({_f(now - KEEP_SECONDS)}", "+inf", withscores=True
+            ),
         )
         found = [entry_of(name, count=int(counts.get(name, 0)), last=float(at)) for name, at in latest]
         return newest_first([e for e in found if e.count > 0])
