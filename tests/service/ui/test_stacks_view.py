@@ -13,7 +13,7 @@ from automation.errors import StackLockedError
 from automation.queue_state import QueueState, StackQueueState
 from service.controller import Controller
 from service.ui.context import StackRow
-from service.ui.sources import desired_hashes, lock_of, stack_rows
+from service.ui.sources import _stack_row, desired_hashes, lock_of, stack_rows
 from service.ui.views import render_stacks
 from tests.automation.standin_engine import RecordingEngine
 from tests.service.test_declared_deletion import Folder, apply, make_controller
@@ -75,7 +75,9 @@ def test_a_stack_row_carries_its_last_update_and_the_lock_someone_else_holds(tmp
     assert (locked.last_kind, locked.last_result, locked.last_reason) == ("up", "failed", "StackLocked")
     assert locked.last_changes == ()
     assert locked.lock == "held by root@pod-b (pid 7)"
-    json.dumps(dataclasses.asdict(locked))  # what a leader publishes to its followers
+    published = json.loads(json.dumps(dataclasses.asdict(locked)))  # what a leader publishes to followers
+    assert _stack_row(published) == locked  # ...and what a follower's page reads back
+    assert _stack_row(json.loads(json.dumps(dataclasses.asdict(applied)))) == applied
 
 
 def test_a_running_stack_holds_its_lock_here() -> None:
