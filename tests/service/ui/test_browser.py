@@ -148,6 +148,10 @@ def test_the_fleet_page_in_a_browser(
         wait_for(lambda: "shop.example" in row(lease["key"]), what="the ban's target", driver=driver)
         driver.get(f"{base}/proxy/{lease['key']}")
         assert "shop.example" in main()  # and on its own page
+        reports = driver.find_element("xpath", "//table[caption[starts-with(., 'reports of')]]").text
+        assert "shop.example local-dev banned 1" in reports  # who said what, from the discovery store
+        driver.get(base + "/stacks")  # the stack's last update, as the control loop ran it
+        assert "up succeeded" in driver.find_element("xpath", "//tr[td/a[text()='local']]").text
         driver.get(base + "/")
 
         # A manifest that stops parsing: its proxy keeps running its last version, Held, and says why.
