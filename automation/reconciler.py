@@ -6,7 +6,8 @@ before anything is planned, so a restart never plans without them). Then it read
 stack and takes the steps in order: forget what leaves with skip-cleanup, destroy a stack nobody names any
 more, run `up` when the stack's hash differs from the applied one, release the proxies whose removal that
 `up` completed, and run a due drift check. Each step is a short function; errors propagate to the queue,
-which retries transient ones and parks permanent ones until the input changes.
+which retries transient ones and parks permanent ones until the input changes. Each `up` and `destroy`
+leaves its record in `updates` (automation/last_update.py), which the fleet page reads.
 """
 
 from __future__ import annotations
