@@ -78,11 +78,15 @@ def _own_stack_rows(control: Control, *, owner: str) -> list[StackRow]:
     return found
 
 
+RUNNING_HERE = "held by this replica (running)"
+RUNNING_ON_LEADER = "held by the leader (running)"  # the same, as a follower shows the leader's row
+
+
 def lock_of(state: StackQueueState) -> str | None:
     """Who holds the stack's lock as far as this replica knows: its own run, or the holder that the last
     failure (StackLocked) names."""
     if state.state is QueueState.RUNNING:
-        return "held by this replica (running)"
+        return RUNNING_HERE
     error = state.last_error
     if isinstance(error, StackLockedError):
         return "held by " + (", ".join(error.holders) or "another operation (the CLI named no holder)")
@@ -110,6 +114,8 @@ def _stack_row(raw: Mapping[str, Any]) -> StackRow:
     for listed in ("outputs", "last_changes"):  # tuples travel as JSON lists
         if isinstance(values.get(listed), list):
             values[listed] = tuple(str(o) for o in values[listed])
+    if values.get("lock") == RUNNING_HERE:
+        values["lock"] = RUNNING_ON_LEADER
     try:
         return StackRow(**values)
     except TypeError:  # a field it lacks: show the name and say so

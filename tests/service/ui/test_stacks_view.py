@@ -13,7 +13,7 @@ from automation.errors import StackLockedError
 from automation.queue_state import QueueState, StackQueueState
 from service.controller import Controller
 from service.ui.context import StackRow
-from service.ui.sources import _stack_row, desired_hashes, lock_of, stack_rows
+from service.ui.sources import RUNNING_HERE, _stack_row, desired_hashes, lock_of, stack_rows
 from service.ui.views import render_stacks
 from tests.automation.standin_engine import RecordingEngine
 from tests.service.test_declared_deletion import Folder, apply, make_controller
@@ -80,9 +80,11 @@ def test_a_stack_row_carries_its_last_update_and_the_lock_someone_else_holds(tmp
     assert _stack_row(json.loads(json.dumps(dataclasses.asdict(applied)))) == applied
 
 
-def test_a_running_stack_holds_its_lock_here() -> None:
+def test_a_running_stack_holds_its_lock_here_and_a_follower_says_the_leader_holds_it() -> None:
     assert lock_of(StackQueueState(stack="s", state=QueueState.RUNNING)) == "held by this replica (running)"
     assert lock_of(StackQueueState(stack="s", state=QueueState.IDLE)) is None
+    running = dataclasses.asdict(StackRow(name="s", owner="o", state="running", lock=RUNNING_HERE))
+    assert _stack_row(json.loads(json.dumps(running))).lock == "held by the leader (running)"
 
 
 def test_the_stacks_view_shows_owner_last_update_counts_and_lock() -> None:
