@@ -30,7 +30,8 @@ from service.pools.source import PoolSource
 from service.ui.context import DesiredHash, Forgotten, HeldSource, HeldView, StackRow, StacksSource
 from service.ui.html import ago
 from service.ui.pools import PoolsSource
-from stacks.models import ProxyPoolStatus
+from stacks.models import Proxy, ProxyPoolStatus
+from stacks.spec_hash import proxy_spec_hash
 
 Control = Controller | ClusterMode
 
@@ -129,11 +130,17 @@ def _wall(monotonic: float | None) -> float | None:
 
 
 def desired_hashes(control: Control) -> DesiredHash:
-    """Each proxy's spec hash as the planner holds it now (a dict look-up, nothing decoded); None on a
-    replica that does not lead (no planner runs there)."""
+    """Each proxy's spec hash as the planner holds it now (a dict look-up, nothing decoded). A follower
+    has no planner: it hashes the watched object's spec as the leader's source would emit it (a decode per
+    shown row)."""
 
     def desired(key: str) -> str | None:
         if isinstance(control, ClusterMode) and not control.leading:
+            obj = control.source.object(key)
+            if obj is None or obj.deleting:
+                return None
+            with contextlib.suppress(ValidationError):
+                return proxy_spec_hash(Proxy.model_validate(obj.body))
             return None
         loop = control.controller if isinstance(control, ClusterMode) else control
         return loop.planner.spec_hash_of(key) if loop is not None else None

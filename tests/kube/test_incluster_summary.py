@@ -71,6 +71,9 @@ def test_a_followers_page_shows_the_leaders_held_deletion_stacks_and_summary(fle
         await until(ready, what="four proxies Ready", within=90)
         follower = await page_client(fleet, b)
         try:
+            # The follower hashes the declared spec as the leader's planner does: applied = desired.
+            page = (await follower.get(f"/proxy/{fleet.namespace}/p4")).text
+            assert "= desired" in page, page
             page = (await follower.get("/deletions")).text
             assert "replica-a" in page, page
             assert "No deletion is held" in page, page
