@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import threading
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
@@ -325,6 +325,15 @@ class MemoryStore:
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
         with self._lock:
             self._sessions[(client, session)] = (proxy, now + idle)
+
+    async def sessions_on(self, proxies: Sequence[str], *, now: float) -> dict[str, int]:
+        wanted = set(proxies)
+        found = dict.fromkeys(proxies, 0)
+        with self._lock:
+            for proxy, until in self._sessions.values():
+                if proxy in wanted and until > now:
+                    found[proxy] += 1
+        return found
 
     async def active_leases(self, client: str, *, now: float) -> list[LeaseRecord]:
         with self._lock:

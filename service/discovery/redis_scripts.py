@@ -260,10 +260,17 @@ end
 return {string.format('%.6f', untl), tostring(strikes)}
 """
 
-# KEYS: session hash; ARGV: proxy, idle until, key lifetime (ms)
+# KEYS: session hash, the proxy's sessions zset (client|session -> idle until); ARGV: proxy, idle until,
+#       key lifetime (ms), client|session, sessions zset key prefix, now. A session moved to another proxy
+#       leaves the old proxy's zset; ended sessions are trimmed from the new one's.
 BIND_SESSION = r"""
+local old = redis.call('HGET', KEYS[1], 'proxy')
+if old and old ~= ARGV[1] then redis.call('ZREM', ARGV[5] .. old, ARGV[4]) end
 redis.call('HSET', KEYS[1], 'proxy', ARGV[1], 'until', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[6])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 'ok'
 """
 

@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import math
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -331,8 +331,20 @@ class RedisStore:
         return str(proxy)
 
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
-        keys = [self._session_key(client, session)]
-        await self._run(self._bind, keys=keys, args=[proxy, _f(now + idle), str(int((idle + 60) * 1000))])
+        keys = [self._session_key(client, session), self._sessby_key(proxy)]
+        lifetime = str(int((idle + 60) * 1000))
+        args = [proxy, _f(now + idle), lifetime, f"{client}|{session}", self._sessby_key(""), _f(now)]
+        await self._run(self._bind, keys=keys, args=args)
+
+    async def sessions_on(self, proxies: Sequence[str], *, now: float) -> dict[str, int]:
+        async with self._r.pipeline(transaction=False) as pipe:
+            for proxy in proxies:
+                pipe.zcount(self._sessby_key(proxy), f"({_f(now)}", "+inf")
+            counts = await pipe.execute()
+        return {proxy: int(n) for proxy, n in zip(proxies, counts, strict=True)}
+
+    def _sessby_key(self, proxy: str) -> str:
+        return f"{self._p}:sessby:{proxy}"
 
     async def active_leases(self, client: str, *, now: float) -> list[LeaseRecord]:
         ids = cast(list[str], await self._r.zrangebyscore(self._act_key(client), f"({_f(now)}", "+inf"))

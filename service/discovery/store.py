@@ -164,6 +164,10 @@ class Store(Protocol):
         self, *, client: str, session: str, proxy: str, now: float, idle: float
     ) -> None: ...
 
+    async def sessions_on(self, proxies: Sequence[str], *, now: float) -> dict[str, int]:
+        """How many sticky sessions are bound to each of `proxies` now (the fleet page's rows)."""
+        ...
+
     async def active_leases(self, client: str, *, now: float) -> list[LeaseRecord]:
         """The client's leases that run now (neither released nor expired); bounded by its fair share."""
         ...

@@ -24,6 +24,7 @@ class Facts:
     shared_with: list[str]
     leases: list[LeaseRecord]
     bans: list[Penalty]
+    sessions: int = 0  # sticky sessions bound to it now
 
     @property
     def not_ready(self) -> tuple[str, str] | None:
@@ -49,6 +50,7 @@ async def facts_of(
     ctx: ApiContext, keys: list[str], *, leases: dict[str, list[LeaseRecord]], shared: dict[str, list[str]]
 ) -> list[Facts]:
     out = []
+    sessions = await ctx.discovery.store.sessions_on(keys, now=time.time()) if keys else {}
     for key in keys:
         health = ctx.inventory.health(key)
         status = ctx.status.published(key) if ctx.status is not None else None
@@ -62,6 +64,7 @@ async def facts_of(
                 shared_with=others,
                 leases=leases.get(key, []),
                 bans=bans,
+                sessions=sessions.get(key, 0),
             )
         )
     return out

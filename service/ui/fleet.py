@@ -141,10 +141,15 @@ def hash_cell(desired: str | None, applied: str | None, *, phase: str, width: in
 
 
 def leases_cell(facts: Facts) -> str:
+    sticky = (
+        f'<br><span class="mute">{facts.sessions} sticky session{"s" if facts.sessions != 1 else ""}</span>'
+        if facts.sessions
+        else ""
+    )
     if not facts.leases:
-        return "0"
+        return "0" + sticky
     clients = sorted({lease.client for lease in facts.leases})
-    return f'{len(facts.leases)}<br><span class="mute">{esc(", ".join(clients))}</span>'
+    return f'{len(facts.leases)}<br><span class="mute">{esc(", ".join(clients))}</span>' + sticky
 
 
 def bans_cell(facts: Facts, at: float) -> str:

@@ -161,6 +161,27 @@ def test_who_held_a_proxy_and_until_when(run: Callable[[Scenario], None]) -> Non
     run(scenario)
 
 
+def test_sticky_sessions_are_counted_on_the_proxy_they_are_bound_to(
+    run: Callable[[Scenario], None],
+) -> None:
+    """The fleet page's "sticky sessions" per proxy: a session moved to another proxy counts there only;
+    an idle one stops counting."""
+
+    async def scenario(s: Stores) -> None:
+        bind = s.store.bind_session
+        await bind(client="crawler", session="s1", proxy="a", now=NOW, idle=60)
+        await bind(client="crawler", session="s2", proxy="a", now=NOW, idle=60)
+        await bind(client="other", session="s1", proxy="b", now=NOW, idle=60)
+        assert await s.store.sessions_on(["a", "b", "c"], now=NOW + 1) == {"a": 2, "b": 1, "c": 0}
+        await bind(client="crawler", session="s2", proxy="b", now=NOW + 2, idle=60)  # rebound
+        await bind(client="crawler", session="s1", proxy="a", now=NOW + 2, idle=60)  # renewed: still one
+        assert await s.store.sessions_on(["a", "b"], now=NOW + 3) == {"a": 1, "b": 2}
+        assert await s.store.sessions_on(["a", "b"], now=NOW + 61) == {"a": 1, "b": 1}  # other's s1 idled
+        assert await s.store.sessions_on(["a", "b"], now=NOW + 63) == {"a": 0, "b": 0}
+
+    run(scenario)
+
+
 def test_error_votes_count_distinct_clients_in_the_window(run: Callable[[Scenario], None]) -> None:
     async def scenario(s: Stores) -> None:
         vote = s.store.vote_error

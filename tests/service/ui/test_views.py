@@ -73,6 +73,23 @@ def test_the_index_decodes_only_the_statuses_that_changed(monkeypatch: pytest.Mo
     assert decoded == ["default/p7"]  # nothing changed since: nothing decoded
 
 
+def test_a_row_counts_the_sticky_sessions_bound_to_its_proxy() -> None:
+    ctx = _context(["a", "b"])
+    store = ctx.discovery.store
+
+    async def render() -> str:
+        now = time.time()
+        for session in ("s1", "s2"):
+            await store.bind_session(client="crawler", session=session, proxy="default/a", now=now, idle=60)
+        rows = FleetIndex(inventory=ctx.inventory, board=None).rows()
+        return await render_fleet(ctx, rows, FleetQuery(sort="key"), root="", size=50)
+
+    html = asyncio.run(render())
+    row_a, row_b = html.split('href="/proxy/default/a"')[1], html.split('href="/proxy/default/b"')[1]
+    assert "2 sticky sessions" in row_a.split("</tr>")[0]
+    assert "sticky" not in row_b.split("</tr>")[0]
+
+
 def test_filter_sort_and_pages() -> None:
     ctx = _context([f"p{i:03}" for i in range(120)])
     rows = FleetIndex(inventory=ctx.inventory, board=None).rows()
