@@ -36,10 +36,11 @@ stamp_of() { printf '%s %s\n' "$version" "$(sha256sum "$1" | cut -d' ' -f1)"; }
 is_wanted() {
   [ -x "$1" ] || return 1
   case "$name" in
-    kubectl) "$1" version --client 2>/dev/null | grep -qx "Client Version: $version" ;;
+    # (the whole output first: `| grep -q` would stop reading early, and pipefail would see kubectl's SIGPIPE)
+    kubectl) [[ "$("$1" version --client 2>/dev/null)" == *"Client Version: $version"* ]] ;;
     kube-router) [ -f "$1.version" ] && [ "$(cat "$1.version")" = "$(stamp_of "$1")" ] ;;  # no version flag: a stamp
     kube-*|kubelet) [ "$("$1" --version 2>/dev/null)" = "Kubernetes $version" ] ;;
-    coredns) "$1" -version 2>/dev/null | grep -qx "CoreDNS-${version#v}" ;;
+    coredns) [[ "$("$1" -version 2>/dev/null)" == *"CoreDNS-${version#v}"* ]] ;;
     *) return 1 ;;
   esac
 }
