@@ -13,6 +13,7 @@ cgroups, and the host is put back (veth, nft table, cgroups, sysctls). A part th
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import socket
 import struct
@@ -27,7 +28,7 @@ from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 
 from tests.kube.apiserver import TOOLS_BIN, ApiServerUnavailable, Child, answers, start, tls, wait_until
-from tests.kube.images import BUSYBOX_IMAGE, PAUSE_IMAGE, ImageUnavailable, node_images
+from tests.kube.images import BUSYBOX_IMAGE, PAUSE_IMAGE, ImageUnavailable, cache_root, node_images
 from tests.kube.node_config import (
     API_PORT,
     CNI_BIN,
@@ -49,6 +50,7 @@ SYSTEM = {"etcd": "etcd-server", "containerd": "containerd", "ctr": "containerd"
           "nft": "nftables", "iptables": "iptables", "ipset": "ipset", "conntrack": "conntrack",
           "nsenter": "util-linux", "unshare": "util-linux", "ip": "iproute2"}  # fmt: skip
 READY_TIMEOUT = 90.0
+LOCK_WAIT = 900.0
 
 
 class NodeUnavailable(RuntimeError):
@@ -101,6 +103,7 @@ def running_node(workdir: Path, *, say: Callable[[str], None] = print) -> Iterat
     except ImageUnavailable as exc:
         raise NodeUnavailable(f"the node's images cannot be made: {exc}") from exc
     with ExitStack() as stack:
+        one_node_at_a_time(stack, say)
         namespace = NodeNamespace(workdir)
         stack.callback(_closer(namespace, say))
         try:
@@ -109,13 +112,35 @@ def running_node(workdir: Path, *, say: Callable[[str], None] = print) -> Iterat
             raise NodeUnavailable(f"the node's namespace and veth cannot be made: {exc}") from exc
         files = write_node_config(workdir, images={"pause": PAUSE_IMAGE})
         starter = Starter(stack=stack, namespace=namespace, bins=bins, files=files, say=say)
-        node = starter.start_all(images=(images.pause, images.busybox))
+        try:
+            node = starter.start_all(images=(images.pause, images.busybox))
+        except HostSetupFailed as exc:  # a command inside the namespace (the image import)
+            raise NodeUnavailable(f"the node cannot start: {exc}") from exc
         say(
             f"node {NODE_NAME} ready after {node.ready_after:.1f} s"
             f" (pods {POD_CIDR}, services {SERVICE_CIDR})"
         )
         yield node
         say("stopping the node")
+
+
+def one_node_at_a_time(stack: ExitStack, say: Callable[[str], None]) -> None:
+    """The node's veth, addresses and nft table have fixed names: a second session on the same machine
+    (another clone, CI) waits for the first one's node to stop, for up to LOCK_WAIT seconds."""
+    handle = stack.enter_context((cache_root() / "test-node.lock").open("w"))
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise NodeUnavailable(
+                    f"another test node ran on this machine for over {LOCK_WAIT:.0f} s"
+                ) from None
+            if deadline - time.monotonic() > LOCK_WAIT - 1:
+                say("another session's test node is running on this machine: waiting for it to stop")
+            time.sleep(1)
 
 
 def _closer(namespace: NodeNamespace, say: Callable[[str], None]) -> Callable[[], None]:
