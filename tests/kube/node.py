@@ -41,7 +41,7 @@ from tests.kube.node_config import (
     NodeFiles,
     write_node_config,
 )  # fmt: skip
-from tests.kube.node_host import HostSetupFailed, NodeNamespace
+from tests.kube.node_host import HostSetupFailed, NodeNamespace, clear_stale
 from tests.kube.node_programs import ORDER, flags
 
 TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl",
@@ -104,6 +104,8 @@ def running_node(workdir: Path, *, say: Callable[[str], None] = print) -> Iterat
         raise NodeUnavailable(f"the node's images cannot be made: {exc}") from exc
     with ExitStack() as stack:
         one_node_at_a_time(stack, say)
+        for line in clear_stale():
+            say(f"a killed session's node: {line}")
         namespace = NodeNamespace(workdir)
         stack.callback(_closer(namespace, say))
         try:

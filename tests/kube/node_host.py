@@ -15,6 +15,7 @@ host sysctl it watched that changed.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.kube.apiserver import die_with_parent
+from tests.kube.images import cache_root
 from tests.kube.node_config import CGROUP_PARENT, HOST_IP, NODE_IP, POD_CIDR, SERVICE_CIDR, VETH_PREFIX
 
 HOST_LINK, NODE_LINK = "ponh0", "ponn0"
@@ -34,6 +36,7 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 WATCHED_SYSCTLS = (*KUBELET_SYSCTLS, "net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables",
                    "net/netfilter/nf_conntrack_max", "net/ipv4/conf/all/route_localnet")  # fmt: skip
 PRIVATE_MOUNTS = ("/run", "/var/lib", "/var/log")
+RECORD = cache_root() / "test-node.record.json"  # beside the build cache: outside every clone
 
 
 class HostSetupFailed(RuntimeError):
@@ -89,11 +92,19 @@ class NodeNamespace:
             if time.monotonic() > deadline or self.holder.poll() is not None:
                 raise HostSetupFailed("unshare --net --mount did not make a namespace")
             time.sleep(0.01)
+        self._record()
         self._mounts()
         self._network()
         self._containment()
         self._cgroups()
+        self._record()
         return self
+
+    def _record(self) -> None:
+        """What a later session needs to clean up if this one is killed before close() (clear_stale)."""
+        state = {"workdir": str(self.workdir), "holder": self.pid, "sysctls": self.sysctls,
+                 "cgroups": [str(p) for p in self.cgroup_dirs]}  # fmt: skip
+        RECORD.write_text(json.dumps(state))
 
     def _mounts(self) -> None:
         for path in PRIVATE_MOUNTS:
@@ -148,6 +159,8 @@ class NodeNamespace:
         self.undo.clear()
         problems += self._remove_cgroups()
         problems += self._restore_sysctls()
+        if not problems:
+            RECORD.unlink(missing_ok=True)
         return problems
 
     def _kill_leftovers(self) -> None:
@@ -186,6 +199,60 @@ class NodeNamespace:
         return changed
 
 
+def clear_stale() -> list[str]:
+    """Undo what a killed session's node left (its record names its work folder, holder, cgroups and the
+    sysctls as they were): kill by pid every process whose command line names that folder (containerd's shims
+    do) or that sits in the pods' cgroups, then remove the veth, the nft table and the cgroups, and put the
+    sysctls back. Call it holding the node lock (no other node is running then). Returns what it did."""
+    if not RECORD.exists():
+        return []
+    state = json.loads(RECORD.read_text())
+    done, workdir, killed = [], state["workdir"], set()
+    for _ in range(50):
+        pids = [pid for pid in node_pids("") if pid != os.getpid()] + named_pids(workdir)
+        with _gone():
+            if Path(f"/proc/{state['holder']}/cmdline").read_bytes() == b"sleep\0infinity\0":
+                pids.append(state["holder"])
+        if not pids:
+            break
+        for pid in set(pids):
+            with _gone():
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+        time.sleep(0.1)
+    if killed:
+        done.append(f"killed leftover processes {sorted(killed)}")
+    if Path(f"/sys/class/net/{HOST_LINK}").exists():
+        subprocess.run(["ip", "link", "del", HOST_LINK], check=False, capture_output=True)
+        done.append(f"removed link {HOST_LINK}")
+    if (
+        subprocess.run(
+            ["nft", "delete", "table", "inet", NFT_TABLE], check=False, capture_output=True
+        ).returncode
+        == 0
+    ):
+        done.append(f"removed nft table {NFT_TABLE}")
+    for cgroup in state["cgroups"]:
+        remove_tree(Path(cgroup))
+    for name, before in state["sysctls"].items():
+        if before is not None and read_sysctl(name) != before:
+            Path("/proc/sys", name).write_text(before)
+            done.append(f"put {name} back to {before}")
+    RECORD.unlink()
+    return done
+
+
+def named_pids(text: str) -> list[int]:
+    """Processes whose command line holds `text`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with _gone():
+                if text.encode() in (entry / "cmdline").read_bytes() and not is_zombie(entry):
+                    found.append(int(entry.name))
+    return found
+
+
 def containment_rules() -> str:
     return f"""table inet {NFT_TABLE} {{
     chain forward {{
@@ -209,6 +276,8 @@ def node_pids(netns: str) -> list[int]:
         if not entry.name.isdigit():
             continue
         try:
+            if is_zombie(entry):
+                continue
             in_netns = bool(netns) and os.readlink(entry / "ns" / "net") == netns
             in_pods = f"/{CGROUP_PARENT}/" in (entry / "cgroup").read_text()
         except OSError:
@@ -216,6 +285,11 @@ def node_pids(netns: str) -> list[int]:
         if in_netns or in_pods:
             found.append(int(entry.name))
     return found
+
+
+def is_zombie(entry: Path) -> bool:
+    """An exited process not yet reaped (it is gone for every purpose here)."""
+    return (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
 
 
 def remove_tree(path: Path) -> bool:
