@@ -10,14 +10,16 @@ import secrets
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from kubernetes.client import CoreV1Api, NetworkingV1Api
 
 from stacks.programs import kubernetes as program
+from tests.kube import node as node_module
 from tests.kube.images import SERVED_BYTE
-from tests.kube.node import KubeNode
+from tests.kube.node import KubeNode, NodeUnavailable
 from tests.kube.pods import (
     delete_namespace,
     outside_address,
@@ -148,3 +150,10 @@ def test_no_pod_reaches_an_address_outside_the_node(
         assert server.peers == []
         assert log.count("unreachable") == 2, log
     assert time.monotonic() - started < 30
+
+
+def test_a_missing_part_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Without the node's programs the fixture fails saying which and how to get them (no node needed)."""
+    monkeypatch.setattr(node_module, "TOOLS_BIN", tmp_path)
+    with pytest.raises(NodeUnavailable, match=r"kubelet \(make kube-tools\).*coredns \(make kube-tools\)"):
+        node_module.binaries()
