@@ -40,7 +40,7 @@ tests() {
   want setpriv util-linux "tests/security/test_netns_egress.py connects as the proxy daemon's user"
   want containerd containerd "tests/kube/node.py: the test node's container runtime (CRI)"
   want runc runc "containerd runs the test node's pods with it (crun refuses the hybrid cgroup layout)"
-  want /usr/lib/cni/bridge containernetworking-plugins "the test node's pod network (bridge, host-local, portmap)"
+  want "${PROXY_OPERATOR_CNI_DIR:-/usr/lib/cni}/bridge" containernetworking-plugins "the test node's pod network (bridge, host-local, portmap)"
   want conntrack conntrack "kube-proxy on the test node clears stale UDP conntrack entries"
   want ipset ipset "kube-router enforces NetworkPolicy on the test node with ipsets"
   want iptables iptables "kube-router's NetworkPolicy rules on the test node"
