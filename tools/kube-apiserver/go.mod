@@ -1,8 +1,9 @@
-// Wrapper module that builds kube-apiserver for the tests (scripts/install-kube.sh) and the test node's kubelet,
-// kube-controller-manager, kube-scheduler, kube-proxy and kubectl (scripts/install-kube-node.sh). k8s.io/kubernetes points
-// its staging modules at ./staging, which a dependency cannot use: each is replaced by the version published to
-// the Go module proxy (the replace list below is its go.mod's `=> ./staging` lines, one for one). To move to
-// another Kubernetes version: change the versions here and in scripts/install-kube.sh, then `go mod tidy`.
+// Wrapper module that builds kube-apiserver for the tests (scripts/install-kube.sh) and the test node's
+// kubelet, kube-controller-manager, kube-scheduler, kube-proxy and kubectl (scripts/install-kube-node.sh).
+// k8s.io/kubernetes points its staging modules at ./staging, which a dependency cannot use: each is replaced by
+// the version published to the Go module proxy (the replace list below is its go.mod's `=> ./staging` lines, one
+// for one). To move to another Kubernetes version: change the versions here and in scripts/install-kube.sh,
+// then `go mod tidy`.
 module example.com/proxy-operator/tools/kube-apiserver
 
 go 1.26.0
