@@ -94,11 +94,11 @@ def test_pod_with_the_programs_security_context_serves_over_its_ip_and_a_cluster
     assert container.capabilities.drop == ["ALL"]
     assert container.seccomp_profile.type == "RuntimeDefault"
     # inside, as the kernel sees it (kubectl exec: apiserver -> kubelet with the client certificate)
-    shell = "id -u; id -g; touch /x 2>/dev/null && echo WROTE; grep CapEff /proc/1/status"
+    shell = "id -u; id -g; touch /tmp/x 2>/dev/null && echo WROTE; grep CapEff /proc/1/status"
     seen = subprocess.run(kube_node.kubectl("exec", "-n", namespace, "web", "--", "sh", "-c", shell),
                           capture_output=True, text=True, timeout=30, check=True).stdout.split()  # fmt: skip
     assert seen[:2] == [str(program.RUN_AS)] * 2  # uid and gid
-    assert "WROTE" not in seen  # the root filesystem is read-only
+    assert "WROTE" not in seen  # read-only root: even the image's world-writable /tmp refuses a write
     assert seen[-1] == "0000000000000000"  # no capability at all
 
 
