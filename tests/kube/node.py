@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubernetes import config
-from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client import ApiClient, CoreV1Api, RbacAuthorizationV1Api
 from kubernetes.client.exceptions import ApiException
 
 from tests.kube.apiserver import TOOLS_BIN, ApiServerUnavailable, Child, answers, start, tls, wait_until
@@ -37,6 +37,7 @@ from tests.kube.node_config import (
     NODE_IP,
     NODE_NAME,
     POD_CIDR,
+    READ_ONLY_ROLES,
     SERVICE_CIDR,
     NodeFiles,
     write_node_config,
@@ -180,6 +181,7 @@ class Starter:
         self.run("kube-scheduler")
         kubelet = self.run("kubelet")
         with admin_client(f.kubeconfigs["admin"]) as client:
+            grant_read_only_roles(client)
             core = CoreV1Api(client)
             self.ready(kubelet, lambda: node_ready(core), timeout=READY_TIMEOUT)
             proxy = self.run("kube-proxy")
@@ -223,6 +225,19 @@ class Starter:
 
 def admin_client(kubeconfig: Path) -> ApiClient:
     return config.new_client_from_config(config_file=str(kubeconfig))
+
+
+def grant_read_only_roles(client: ApiClient) -> None:
+    """kube-router's and CoreDNS's own ClusterRoles and bindings (READ_ONLY_ROLES), not system:masters."""
+    rbac = RbacAuthorizationV1Api(client)
+    for user, rules in READ_ONLY_ROLES.items():
+        name = user.replace(":", "-")
+        rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules})
+        subject = {"kind": "User", "name": user, "apiGroup": "rbac.authorization.k8s.io"}
+        role_ref = {"kind": "ClusterRole", "name": name, "apiGroup": "rbac.authorization.k8s.io"}
+        rbac.create_cluster_role_binding(
+            {"metadata": {"name": name}, "subjects": [subject], "roleRef": role_ref}
+        )
 
 
 def _token(files: NodeFiles, user: str) -> str:

@@ -38,6 +38,24 @@ USERS = {  # token-file users: name -> group (the default RBAC bindings name the
     "system:kube-proxy": "",
     "system:kube-controller-manager": "",
     "system:kube-scheduler": "",
+    "pon:kube-router": "",  # these two read what READ_ONLY_ROLES grants them, nothing more
+    "pon:coredns": "",
+}
+_WATCH = ["get", "list", "watch"]
+READ_ONLY_ROLES = {  # user -> the rules of its ClusterRole (bound by node.py once the apiserver answers)
+    "pon:kube-router": [
+        {
+            "apiGroups": [""],
+            "resources": ["namespaces", "pods", "services", "nodes", "endpoints"],
+            "verbs": _WATCH,
+        },
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": _WATCH},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _WATCH},
+    ],
+    "pon:coredns": [
+        {"apiGroups": [""], "resources": ["namespaces", "pods", "services", "endpoints"], "verbs": _WATCH},
+        {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": _WATCH},
+    ],
 }
 
 
@@ -273,7 +291,7 @@ def corefile(files: NodeFiles) -> str:
     bind {DNS_IP}
     errors
     kubernetes cluster.local in-addr.arpa {{
-        kubeconfig {files.kubeconfigs["admin"]} node
+        kubeconfig {files.kubeconfigs["pon:coredns"]} node
     }}
     cache 5
 }}

@@ -57,8 +57,8 @@ def flags(name: str, f: NodeFiles) -> list[str]:
         # TEST-ONLY (reported flaws at v2.1.0): NetworkPolicy enforcement, nothing else; its --cleanup-config
         # panics here (no IPVS), and its iptables rules and ipsets die with the node's network namespace
         "kube-router": [
-            f"--kubeconfig={kubeconfig['admin']}", f"--hostname-override={NODE_NAME}", "--run-firewall=true",
-            "--run-router=false", "--run-service-proxy=false", "--enable-cni=false",
+            f"--kubeconfig={kubeconfig['pon:kube-router']}", f"--hostname-override={NODE_NAME}",
+            "--run-firewall=true", "--run-router=false", "--run-service-proxy=false", "--enable-cni=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--metrics-port=0",
         ],
         "coredns": [f"-conf={f.corefile}"],
