@@ -2,12 +2,17 @@
 # The programs of the single-node cluster that tests/kube/test_node.py starts (tests/kube/node.py):
 #   kubelet, kube-controller-manager, kube-scheduler, kube-proxy, kubectl  at the version tools/kube-apiserver
 #     requires (the same wrapper module and ldflags as kube-apiserver, scripts/install-kube.sh);
-#   kube-router (NetworkPolicy enforcement) and CoreDNS (cluster DNS), at the versions below.
+#   kube-router (NetworkPolicy enforcement), at the version below;
+#   CoreDNS (cluster DNS) at the version tools/coredns requires, built from that wrapper module with only the
+#     plugins the node's Corefile uses (its main.go's directives), not every plugin (cloud SDKs included).
 # Each comes from its official release download first (dl.k8s.io, GitHub releases, checked against the
 # published sha256) and is built with Go from the Go module proxy when that fails (as it does on the build
 # machine: only package registries answer). Each binary is cached OUTSIDE the clone, keyed by version:
 #   ${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/proxy-operator}/<name>-<version>/
-# and .tools/bin/<name> links to it. PROXY_OPERATOR_NO_BUILD_CACHE=1 neither reads nor writes that cache;
+# and .tools/bin/<name> links to it. CoreDNS's key also holds a hash of tools/coredns (main.go with its plugin
+# list, go.mod, go.sum): coredns-<version>-<hash>/, so a change of plugins rebuilds. Its official release has
+# every plugin, a superset of the list (the check only asks that each listed plugin is there).
+# PROXY_OPERATOR_NO_BUILD_CACHE=1 neither reads nor writes that cache;
 # PROXY_OPERATOR_NO_DOWNLOAD=1 skips the download attempts. Idempotent: with everything in place it only looks.
 #
 # kube-router is a TEST-ONLY part: v2.1.0 has reported security flaws. It enforces NetworkPolicy on the test
@@ -21,7 +26,13 @@ wrapper="$root/tools/kube-apiserver"
 bin="$root/.tools/bin"
 k8s_version="$(sed -n 's/^require k8s\.io\/kubernetes \(v[0-9.]*\)$/\1/p' "$wrapper/go.mod")"
 kube_router_version=v2.1.0  # TEST-ONLY (see above); the only /v2 version the Go module proxy lists
-coredns_version=v1.15.0     # go 1.26.0 in its go.mod: the machine's Go builds it
+coredns_wrapper="$root/tools/coredns"  # go 1.26.0 in CoreDNS's go.mod: the machine's Go builds it
+coredns_version="$(sed -n 's/^require github\.com\/coredns\/coredns \(v[0-9.]*\)$/\1/p' "$coredns_wrapper/go.mod")"
+# the wrapper's plugin list (main.go's `var directives`, one quoted name a line), checked in the binary; the
+# cache key's hash covers the wrapper's files (the plugin list and imports, go.mod, go.sum)
+coredns_plugins="$(sed -n '/^var directives = \[\]string{$/,/^}$/ s/^[[:space:]]*"\([a-z0-9_]*\)",$/\1/p' \
+  "$coredns_wrapper/main.go" | paste -sd' ' -)"
+coredns_key="$(cat "$coredns_wrapper/main.go" "$coredns_wrapper/go.mod" "$coredns_wrapper/go.sum" | sha256sum | cut -c1-12)"
 # the programs' names, and the main package each is built from
 k8s_programs="kubelet kube-controller-manager kube-scheduler kube-proxy kubectl"
 
@@ -29,6 +40,8 @@ say() { printf '[kube-node] %s\n' "$*"; }
 die() { printf '[kube-node] error: %s\n' "$*" >&2; exit 1; }
 
 [ -n "$k8s_version" ] || die "cannot read the k8s.io/kubernetes version from $wrapper/go.mod"
+[ -n "$coredns_version" ] || die "cannot read the github.com/coredns/coredns version from $coredns_wrapper/go.mod"
+[ -n "$coredns_plugins" ] || die "cannot read the plugin list (var directives) from $coredns_wrapper/main.go"
 case "$(uname -m)" in x86_64) arch=amd64 ;; aarch64|arm64) arch=arm64 ;; *) arch="" ;; esac
 
 # Globals install_cached reads: name, version, cache; and is_wanted BINARY.
@@ -40,9 +53,14 @@ is_wanted() {
     kubectl) [[ "$("$1" version --client 2>/dev/null)" == *"Client Version: $version"* ]] ;;
     kube-router) [ -f "$1.version" ] && [ "$(cat "$1.version")" = "$(stamp_of "$1")" ] ;;  # no version flag: a stamp
     kube-*|kubelet) [ "$("$1" --version 2>/dev/null)" = "Kubernetes $version" ] ;;
-    coredns) [[ "$("$1" -version 2>/dev/null)" == *"CoreDNS-${version#v}"* ]] ;;
+    coredns) [[ "$("$1" -version 2>/dev/null)" == *"CoreDNS-${version#v}"* ]] && has_plugins "$1" ;;
     *) return 1 ;;
   esac
+}
+has_plugins() {  # has_plugins COREDNS: every plugin of the wrapper's list is in `coredns -plugins`
+  local listed plugin
+  listed="$("$1" -plugins 2>/dev/null)" || return 1
+  for plugin in $coredns_plugins; do grep -qxF "$plugin" <<<"$listed" || return 1; done
 }
 finish() {  # finish TMP OUT INFO HOW: stamp, check, move in place, record how it came
   stamp_of "$1" > "$1.version"
@@ -127,7 +145,9 @@ obtain_coredns() {
   obtain_release_tar "$out" "$info" \
     "https://github.com/coredns/coredns/releases/download/$version/coredns_${v}_linux_$arch.tgz" \
     "https://github.com/coredns/coredns/releases/download/$version/coredns_${v}_linux_$arch.tgz.sha256" && return 0
-  CGO_ENABLED=0 goinstall "$out" "$info" "github.com/coredns/coredns@$version" -ldflags "-s -w"
+  # the wrapper module: CoreDNS's main with only the plugins of main.go's directives
+  CGO_ENABLED=0 gobuild "$out" "$info" "$coredns_wrapper" -ldflags "-s -w" .
+  printf 'plugins: %s\n' "$coredns_plugins" >> "$info"
 }
 
 install_one() {  # install_one NAME VERSION OBTAIN
@@ -139,7 +159,10 @@ install_one() {  # install_one NAME VERSION OBTAIN
 for program in ${KUBE_NODE_ONLY:-$k8s_programs kube-router coredns}; do
   case "$program" in
     kube-router) install_one kube-router "$kube_router_version" obtain_kube_router ;;
-    coredns) install_one coredns "$coredns_version" obtain_coredns ;;
+    coredns)  # the cache folder coredns-<version>-<hash of tools/coredns>
+      name=coredns version="$coredns_version"
+      cache="$(cache_dir "coredns-$coredns_version-$coredns_key")"
+      install_cached coredns obtain_coredns .version ;;
     *) install_one "$program" "$k8s_version" obtain_k8s ;;
   esac
 done

@@ -1,6 +1,7 @@
 """scripts/install-kube-node.sh with a stand-in curl serving release files from a folder: the official
 release is taken when its checksum matches, cached by version and linked; a wrong checksum falls back to the
-Go build (a stand-in go that only fails here); a cached run fetches nothing."""
+Go build (a stand-in go that only fails here); a cached run fetches nothing; CoreDNS's cache follows its
+plugin list (tools/coredns/main.go), and a binary without a listed plugin is refused."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ from tests.conftest import ROOT
 
 PROGRAMS = {
     "kube-scheduler": "#!/bin/sh\necho 'Kubernetes v1.37.2'\n",
-    "coredns": "#!/bin/sh\necho 'CoreDNS-1.15.0'\necho 'linux/amd64'\n",
+    # like the full release: more plugins than tools/coredns lists
+    "coredns": "#!/bin/sh\nif [ \"$1\" = -plugins ]; then printf '%s\\n' any bind cache errors forward"
+    " kubernetes log template; else echo 'CoreDNS-1.15.0'; echo 'linux/amd64'; fi\n",
     "kube-router": "#!/bin/sh\necho kube-router\n",
 }
 CURL = """#!/bin/bash
@@ -55,14 +58,23 @@ def _served(folder: Path, *, bad_checksum: bool = False) -> None:
 
 
 def _clone(tmp_path: Path) -> Path:
-    """The script, its helper and the wrapper's go.mod in a scratch root (its .tools/bin is written)."""
+    """The script, its helper and the wrappers' files in a scratch root (its .tools/bin is written)."""
     root = tmp_path / "root"
     (root / "scripts").mkdir(parents=True)
-    (root / "tools" / "kube-apiserver").mkdir(parents=True)
     for name in ("install-kube-node.sh", "cached-binary.sh"):
         shutil.copy(ROOT / "scripts" / name, root / "scripts" / name)
-    shutil.copy(ROOT / "tools" / "kube-apiserver" / "go.mod", root / "tools" / "kube-apiserver" / "go.mod")
+    for name in ("kube-apiserver/go.mod", "coredns/main.go", "coredns/go.mod", "coredns/go.sum"):
+        (root / "tools" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / "tools" / name, root / "tools" / name)
     return root
+
+
+def _coredns_cache(root: Path) -> Path:
+    """The cache folder the link .tools/bin/coredns points into: coredns-v1.15.0-<hash of tools/coredns>."""
+    folder = (root / ".tools" / "bin" / "coredns").resolve().parent
+    assert folder.name.startswith("coredns-v1.15.0-")
+    assert len(folder.name) == len("coredns-v1.15.0-") + 12
+    return folder
 
 
 def _run(tmp_path: Path, root: Path) -> subprocess.CompletedProcess[str]:
@@ -90,7 +102,8 @@ def test_official_releases_are_taken_checked_cached_and_linked(tmp_path: Path) -
     assert result.returncode == 0, result.stderr
     for name, version in (("kube-scheduler", "v1.37.2"), ("coredns", "v1.15.0"), ("kube-router", "v2.1.0")):
         link = root / ".tools" / "bin" / name
-        assert link.resolve() == tmp_path / "cache" / f"{name}-{version}" / name
+        folder = _coredns_cache(root).name if name == "coredns" else f"{name}-{version}"
+        assert link.resolve() == tmp_path / "cache" / folder / name
         assert link.read_text() == PROGRAMS[name]
     assert "go called" not in result.stderr
     fetched = (tmp_path / "fetched").read_text().splitlines()
@@ -109,3 +122,31 @@ def test_a_wrong_checksum_falls_back_to_the_go_build(tmp_path: Path) -> None:
     )
     assert "go called" in result.stderr
     assert not (tmp_path / "cache" / "kube-scheduler-v1.37.2" / "kube-scheduler").exists()
+
+
+def _add_plugin(root: Path, after: str, plugin: str) -> None:
+    main = root / "tools" / "coredns" / "main.go"
+    text = main.read_text()
+    assert f'\t"{after}",\n' in text
+    main.write_text(text.replace(f'\t"{after}",\n', f'\t"{after}",\n\t"{plugin}",\n', 1))
+
+
+def test_a_change_of_coredns_plugins_makes_it_again_and_a_missing_plugin_is_refused(tmp_path: Path) -> None:
+    _served(tmp_path / "served")
+    root = _clone(tmp_path)
+    assert _run(tmp_path, root).returncode == 0
+    first = _coredns_cache(root)
+    _add_plugin(root, "errors", "log")  # the stand-in release has log
+    again = _run(tmp_path, root)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("nothing to do") == 2  # kube-scheduler and kube-router only
+    second = _coredns_cache(root)
+    assert second != first
+    assert (first / "coredns").exists()
+    assert (second / "coredns").exists()
+    _add_plugin(root, "cache", "nomad")  # the stand-in has no nomad: downloaded, then refused
+    refused = _run(tmp_path, root)
+    assert refused.returncode == 1
+    assert "the coredns made at" in refused.stderr
+    assert "is not coredns v1.15.0" in refused.stderr
+    assert _coredns_cache(root) == second
