@@ -1,4 +1,7 @@
-module proxy-operator/tools/coredns
+// Wrapper module that builds the test node's CoreDNS (scripts/install-kube-node.sh) with only the plugins of
+// main.go's directives. To move to another CoreDNS version: change the version here, then `go mod tidy`
+// (the script reads the version from this file).
+module example.com/proxy-operator/tools/coredns
 
 go 1.26.0
 
