@@ -33,9 +33,11 @@ $(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent
 	@bash scripts/install-tools.sh
 
-kube-tools: ## etcd, kube-apiserver and the Kubernetes provider plugin for the tests (built once, cached outside the clone)
+kube-tools: ## etcd, kube-apiserver, the provider plugin and the test node's programs and images (built once, cached outside the clone)
 	@bash scripts/install-kube.sh
 	@bash scripts/install-k8s-plugin.sh
+	@bash scripts/install-kube-node.sh
+	@$(PYTHON) -m tests.kube.images
 
 run: install ## provision the sample local proxies with the real engine and serve the discovery API
 	$(VENV)/bin/proxy-operator serve --manifests examples/local

@@ -38,6 +38,13 @@ tests() {
   want ip iproute2 "tests/security/test_netns_egress.py gives the namespace its test-owned addresses"
   want unshare util-linux "tests/security/test_netns_egress.py makes the network namespace"
   want setpriv util-linux "tests/security/test_netns_egress.py connects as the proxy daemon's user"
+  want containerd containerd "tests/kube/node.py: the test node's container runtime (CRI)"
+  want runc runc "containerd runs the test node's pods with it (crun refuses the hybrid cgroup layout)"
+  want "${PROXY_OPERATOR_CNI_DIR:-/usr/lib/cni}/bridge" containernetworking-plugins "the test node's pod network (bridge, host-local, portmap)"
+  want conntrack conntrack "kube-proxy on the test node clears stale UDP conntrack entries"
+  want ipset ipset "kube-router enforces NetworkPolicy on the test node with ipsets"
+  want iptables iptables "kube-router's NetworkPolicy rules on the test node"
+  want gcc gcc "the test node's pause image is a static C binary (tests/kube/images.py)"
   want chromium chromium "tests/service/ui/test_browser.py shows the fleet page in a headless browser"
   want chromedriver chromium-driver "Selenium drives that chromium (tests/service/ui/browser.py)"
 }

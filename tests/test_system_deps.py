@@ -22,6 +22,13 @@ TEST_PROGRAMS = {
     "setpriv",
     "chromium",
     "chromedriver",
+    "containerd",
+    "runc",
+    "bridge",  # a CNI plugin, looked for in PROXY_OPERATOR_CNI_DIR (the stand-ins' folder here)
+    "conntrack",
+    "ipset",
+    "iptables",
+    "gcc",
 }
 
 
@@ -42,7 +49,7 @@ def _machine(tmp_path: Path, *, present: set[str], uid: int = 0) -> tuple[Path, 
     log = tmp_path / "apt.log"
     _stub(bin_dir, "apt-get", f'echo "$*" >> {log}')
     _stub(bin_dir, "id", f"echo {uid}")
-    return log, {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    return log, {"PATH": str(bin_dir), "HOME": str(tmp_path), "PROXY_OPERATOR_CNI_DIR": str(bin_dir)}
 
 
 def _run(env: dict[str, str], group: str) -> subprocess.CompletedProcess[str]:
@@ -91,3 +98,13 @@ def test_the_browser_and_its_driver_come_from_debian(tmp_path: Path) -> None:
     assert (
         log.read_text().splitlines()[1] == "install -y -qq --no-install-recommends chromium chromium-driver"
     )
+
+
+def test_the_test_nodes_runtime_and_network_come_from_debian(tmp_path: Path) -> None:
+    node = {"containerd", "runc", "bridge", "conntrack", "ipset", "iptables"}
+    log, env = _machine(tmp_path, present=TEST_PROGRAMS - node)
+    result = _run(env, "test")
+    assert result.returncode == 0, result.stderr
+    assert "(Debian package containernetworking-plugins): the test node's pod network" in result.stdout
+    packages = "conntrack containerd containernetworking-plugins ipset iptables runc"
+    assert log.read_text().splitlines()[1] == f"install -y -qq --no-install-recommends {packages}"

@@ -18,6 +18,7 @@ from kubernetes.dynamic.exceptions import DynamicApiError
 
 from tests.kube.apiserver import ROOT, ApiServerUnavailable, KubeApi, running_apiserver
 from tests.kube.manifests import dynamic_client, install_crds, refusal
+from tests.kube.node import KubeNode, NodeUnavailable, running_node
 
 CRDS = ROOT / "crds"
 
@@ -52,3 +53,25 @@ def kube_client(kube_api: KubeApi) -> Iterator[ApiClient]:
 def dynamic(kube_client: ApiClient, tmp_path_factory: pytest.TempPathFactory) -> DynamicClient:
     """A `kubernetes.dynamic` client on `kube_client`, its discovery cache in a temporary folder."""
     return dynamic_client(kube_client, tmp_path_factory.mktemp("discovery"))
+
+
+@pytest.fixture(scope="session")
+def kube_node(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[KubeNode]:
+    """A whole single-node cluster (tests/kube/node.py), started once for the session on first use; only
+    tests/kube/test_node.py asks for it. It fails (never skips) when a part cannot start."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:
+        with capture.global_and_fixture_disabled():
+            print(f"\n[kube-node] {line}", end="", flush=True)
+
+    workdir = tmp_path_factory.mktemp("node", numbered=True)
+    failure = ""
+    with ExitStack() as stack:
+        try:
+            node = stack.enter_context(running_node(workdir, say=say))
+        except NodeUnavailable as exc:
+            failure = str(exc)
+        if failure:
+            pytest.fail(failure, pytrace=False)
+        yield node
