@@ -107,12 +107,7 @@ class StatusBoard:
         """Proxies running their last applied version instead of the declared one, with the Held condition."""
         with self._lock:
             packed = {key: self._status[key] for key in self._held}
-        return {
-            key: condition
-            for key, text in packed.items()
-            for condition in _unpack_status(text).conditions
-            if condition.type == ConditionType.HELD and condition.status == "True"
-        }
+        return held_conditions({key: _unpack_status(text) for key, text in packed.items()})
 
     def events(self, key: str | None = None) -> list[Event]:
         with self._lock:
@@ -257,6 +252,16 @@ class StatusBoard:
     def _changed(self, key: str) -> None:
         for listener in self._listeners:
             listener(key)
+
+
+def held_conditions(statuses: dict[str, ProxyStatus]) -> dict[str, Condition]:
+    """The Held=True condition of each status that has one (a board's, or the cluster's copy)."""
+    return {
+        key: condition
+        for key, status in statuses.items()
+        for condition in status.conditions
+        if condition.type == ConditionType.HELD and condition.status == "True"
+    }
 
 
 def _pack(status: ProxyStatus) -> bytes:

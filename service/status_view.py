@@ -21,9 +21,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from service.status import Event, StatusBoard
+from service.status import Event, StatusBoard, held_conditions
 from stacks.models import Condition, ProxyStatus
-from stacks.models.conditions import ConditionType
 
 
 class ClusterStatus:
@@ -93,12 +92,7 @@ class ClusterStatus:
         return {key: status for key in self.tracked() if (status := self.published(key)) is not None}
 
     def held(self) -> dict[str, Condition]:
-        return {
-            key: condition
-            for key, status in self.all().items()
-            for condition in status.conditions
-            if condition.type == ConditionType.HELD and condition.status == "True"
-        }
+        return held_conditions(self.all())
 
     def events(self, key: str | None = None) -> list[Event]:
         return []  # a follower records none: the leader's are Kubernetes Events (`kubectl get events`)
