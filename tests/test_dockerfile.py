@@ -13,6 +13,7 @@ import re
 import shlex
 import subprocess
 import tarfile
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -211,3 +212,17 @@ def test_the_image_has_ssh_for_the_kvm_credentials() -> None:
     final = text[text.rindex("\nFROM ") :]
     assert "openssh-client" in final
     assert "openssh-client" in (ROOT / "scripts" / "build-image.sh").read_text()
+
+
+def test_the_proxy_pods_default_image_is_this_releases_service_image() -> None:
+    """Proxy pods run the forward proxy from the service's own image (docs/decisions.md, "The proxy in pods
+    and VMs"): the program's default must name the image deploy/ runs, at pyproject's version, and the image
+    must carry the daemon's console script."""
+    from stacks.models import DEFAULT_KUBERNETES_IMAGE
+
+    version = re.search(r'^version = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert version
+    assert DEFAULT_KUBERNETES_IMAGE == deployment_container()["containers"][0]["image"]
+    assert DEFAULT_KUBERNETES_IMAGE.endswith(f":{version.group(1)}")
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["proxy-operator-forward-proxy"] == "stacks.forward_proxy.__main__:entry"

@@ -106,5 +106,12 @@ def main(argv: list[str]) -> None:
         asyncio.run(serve(config, config_file))
 
 
+def entry() -> None:
+    """The `proxy-operator-forward-proxy CONFIG.json` console script (the image's proxy daemon)."""
+    if len(sys.argv) != 2:
+        sys.exit("usage: proxy-operator-forward-proxy CONFIG.json")
+    main(sys.argv)
+
+
 if __name__ == "__main__":
     main(sys.argv)

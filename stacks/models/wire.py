@@ -18,8 +18,12 @@ OPEN_PROXY_MESSAGE = (
     "auth.mode is 'none' and allowedSourceRanges lets the whole internet in: open proxies get abused within "
     "hours; set auth.mode to 'generated' or 'secret', or narrow allowedSourceRanges to the crawlers' CIDRs"
 )
-# 3proxy in a small image, configured by env: PROXY_LOGIN, PROXY_PASSWORD, PROXY_PORT (HTTP), SOCKS_PORT.
-DEFAULT_KUBERNETES_IMAGE = "ghcr.io/tarampampam/3proxy:1.9.1"
+# The service's own image, which also runs the project's forward proxy (`proxy-operator-forward-proxy`):
+# proxy pods run the daemon of the same release as the program that writes its configuration. Keep the tag
+# equal to pyproject.toml's version and deploy/deployment.yaml's image (tests/test_dockerfile.py checks).
+# A Proxy naming a 3proxy image (the default before issue 19) keeps 3proxy (stacks/programs/threeproxy.py).
+OPERATOR_IMAGE_REPOSITORY = "ghcr.io/example/proxy-operator"
+DEFAULT_KUBERNETES_IMAGE = f"{OPERATOR_IMAGE_REPOSITORY}:0.1.0"
 DEFAULT_GCP_IMAGE = "debian-cloud/debian-12"
 DEFAULT_KVM_BASE_IMAGE = "https://cloud.debian.org/images/cloud/bookworm/latest/debian-12-generic-amd64.qcow2"
 

@@ -1,10 +1,13 @@
-"""The `kubernetes` provider type: one Deployment + Service per proxy, running 3proxy (HTTP or SOCKS5).
+"""The `kubernetes` provider type: one Deployment + Service + NetworkPolicy per proxy (HTTP or SOCKS5).
 
-The container runs 3proxy directly on a configuration file mounted from the proxy's Secret (which also holds
-the credentials), so the root filesystem stays read-only; the image's own templating entrypoint is bypassed.
-Source ranges are enforced three times: 3proxy's ACL, a NetworkPolicy, and `loadBalancerSourceRanges`.
-The egress policy twice: 3proxy's ACL (on the resolved address) and the NetworkPolicy's egress rules.
-The Secret is replaced (new name) whenever its content changes, which rolls the Deployment.
+The container runs the project's own forward proxy (`stacks.forward_proxy`, the `local` provider's daemon)
+from the service's own image (`proxy-operator-forward-proxy`, docs/decisions.md "The proxy in pods and
+VMs"), on a JSON configuration mounted from the proxy's Secret (which also holds the credentials), so the
+root filesystem stays read-only. A Proxy that names a 3proxy image keeps 3proxy (`threeproxy.py`).
+Source ranges are enforced three times: the proxy's own check, a NetworkPolicy, and
+`loadBalancerSourceRanges`. The egress policy twice: the proxy (on the resolved address, with the same
+policy code as `local`) and the NetworkPolicy's egress rules. The Secret is replaced (new name) whenever its
+content changes, which rolls the Deployment.
 
 Published address: the LoadBalancer ingress IP or hostname for `LoadBalancer` Services; otherwise the
 cluster DNS name `<svc>.<ns>.svc.cluster.local`, reachable on the proxy port from inside the cluster.
@@ -13,23 +16,23 @@ Every object carries `pulumi.com/patchForce: "true"`: the service is the only ow
 field someone else changed (an edit with another field manager than kubectl's, which the provider takes over
 by itself) is put back by the next `up` instead of failing the whole stack with a server-side apply conflict.
 
-Test-only: with PROXY_OPERATOR_K8S_BARE_APISERVER=1 in the program's environment every object carries the
-provider's `pulumi.com/skipAwait` and background `pulumi.com/deletionPropagationPolicy` annotations, for an
-API server with no kubelet and no controller-manager (tests/kube): Pods never start there, so the provider's
-await would wait for ever, and foreground deletion waits for a garbage collector that never runs. Off by
-default; a real cluster needs neither.
+The provider's defaults hold: an `up` waits until the Deployment's new pods are ready and the Service has
+endpoints (so the published address answers), and a deletion is in the foreground (the pods are gone before
+the Deployment is). tests/kube runs the program against a node with a kubelet (tests/kube/node.py).
 """
 
 from __future__ import annotations
 
-import os
+import json
 from typing import Any, cast
 
 import pulumi
 import pulumi_kubernetes as k8s
 
-from stacks.egress import METADATA_ADDRESSES, denied_ranges
+from stacks.egress import denied_ranges
+from stacks.forward_proxy.config import ProxyConfig
 from stacks.models import EgressSpec, KubernetesProvider
+from stacks.programs import threeproxy
 from stacks.programs.component import (
     ProxyEndpoint,
     kubernetes_labels,
@@ -40,23 +43,17 @@ from stacks.programs.context import ProgramSettings, ProxyContext, proxy_setting
 from stacks.programs.kube_access import check_access
 from stacks.programs.proxy_config import ProxySettings
 
-CONFIG_DIR = "/etc/3proxy-operator"
-CONFIG_KEY = "3proxy.cfg"
-RUN_AS = 10001  # the image's unprivileged 3proxy user
+CONFIG_DIR = "/etc/proxy-operator"
+CONFIG_KEY = "proxy.json"
+DAEMON = "proxy-operator-forward-proxy"  # the image's console script: `python -m stacks.forward_proxy`
+RUN_AS = 10001  # the image's unprivileged user (the service's, and 3proxy's in its image)
 UNPRIVILEGED_PORT = 3128  # containers run without NET_BIND_SERVICE: a port below 1024 maps to this one
-BARE_APISERVER_ENV = "PROXY_OPERATOR_K8S_BARE_APISERVER"  # test-only, see the module docstring
 PATCH_FORCE = "pulumi.com/patchForce"
-SKIP_AWAIT = "pulumi.com/skipAwait"
-DELETION_PROPAGATION = "pulumi.com/deletionPropagationPolicy"
 
 
 def provider_annotations() -> dict[str, str]:
-    """Annotations the Kubernetes provider reads on each object: a forced apply, and the test-only
-    settings of an API server without kubelet or controller-manager (off unless the variable is "1")."""
-    annotations = {PATCH_FORCE: "true"}
-    if os.environ.get(BARE_APISERVER_ENV) == "1":
-        annotations |= {SKIP_AWAIT: "true", DELETION_PROPAGATION: "background"}
-    return annotations
+    """Annotations the Kubernetes provider reads on each object: a forced apply."""
+    return {PATCH_FORCE: "true"}
 
 
 class LoadBalancerPendingError(RuntimeError):
@@ -67,32 +64,34 @@ def container_port(port: int) -> int:
     return port if port >= 1024 else UNPRIVILEGED_PORT
 
 
-def _acl_ports(ports: list[int]) -> str:
-    return ",".join(str(port) for port in ports) or "*"
+def forward_proxy_config(settings: ProxySettings) -> str:
+    """The forward proxy's configuration file (stacks/forward_proxy/config.py) for a pod: every address
+    of the pod on the container port; no control channel (lease users on pods: docs/security.md)."""
+    creds = settings.credentials
+    config = ProxyConfig(
+        bind="0.0.0.0",
+        port=container_port(settings.port),
+        protocol=settings.protocol,
+        egress=settings.egress,
+        sources=settings.allowed_source_ranges,
+        username=creds.username if creds else None,
+        password=creds.password if creds else None,
+    )
+    return json.dumps(config.to_json(), sort_keys=True) + "\n"
 
 
-def egress_acl(who: str, sources: str, policy: EgressSpec) -> list[str]:
-    """3proxy ACL lines for `spec.egress`, first match wins (3proxy matches IP targets on the resolved
-    address): metadata refused, explicit allows, the denied ranges refused, public on allowPorts."""
-    lines = [f"deny * * {','.join(METADATA_ADDRESSES)}"]
-    lines += [f"allow {who} {sources} {rule.cidr} {_acl_ports(rule.ports)}" for rule in policy.allow]
-    lines.append(f"deny * * {','.join(denied_ranges(4) + denied_ranges(6))}")
-    if policy.allow_ports:
-        lines.append(f"allow {who} {sources} * {_acl_ports(policy.allow_ports)}")
-    return lines
+def _daemon(image: str) -> tuple[list[str], str, str]:
+    """The container's command, the folder its configuration is mounted in and the file's key."""
+    if threeproxy.is_threeproxy(image):
+        return threeproxy.command(), threeproxy.CONFIG_DIR, threeproxy.CONFIG_KEY
+    return [DAEMON, f"{CONFIG_DIR}/{CONFIG_KEY}"], CONFIG_DIR, CONFIG_KEY
 
 
-def threeproxy_conf(settings: ProxySettings) -> str:
-    creds, ranges = settings.credentials, ",".join(settings.allowed_source_ranges) or "*"
-    lines = ["nscache 65536", "timeouts 1 5 30 60 180 1800 15 60", "log", "maxconn 200"]
-    if creds:
-        lines += [f"users {creds.username}:CL:{creds.password}", "auth strong"]
-    else:
-        lines += ["auth iponly"]
-    lines += egress_acl(creds.username if creds else "*", ranges, settings.egress)
-    service = "socks" if settings.protocol == "socks5" else "proxy -a"
-    lines += ["deny *", f"{service} -n -p{container_port(settings.port)}"]
-    return "\n".join(line.rstrip() for line in lines) + "\n"
+def daemon_config(image: str, settings: ProxySettings) -> dict[str, str]:
+    """The Secret's entry holding the daemon's configuration, for the daemon `image` runs."""
+    if threeproxy.is_threeproxy(image):
+        return {threeproxy.CONFIG_KEY: threeproxy.config(settings, listen_port=container_port(settings.port))}
+    return {CONFIG_KEY: forward_proxy_config(settings)}
 
 
 def provider(entry: KubernetesProvider, settings: ProgramSettings) -> k8s.Provider:
@@ -112,9 +111,11 @@ def provider(entry: KubernetesProvider, settings: ProgramSettings) -> k8s.Provid
     return k8s.Provider(f"k8s-{entry.name}", kubeconfig=kubeconfig.apply(checked), namespace=entry.namespace)
 
 
-def _secret(ctx: ProxyContext, *, meta: dict[str, Any], opts: pulumi.ResourceOptions) -> k8s.core.v1.Secret:
+def _secret(
+    ctx: ProxyContext, *, meta: dict[str, Any], image: str, opts: pulumi.ResourceOptions
+) -> k8s.core.v1.Secret:
     def data(settings: ProxySettings) -> dict[str, str]:
-        values = {CONFIG_KEY: threeproxy_conf(settings)}
+        values = daemon_config(image, settings)
         if settings.credentials:
             values |= {"username": settings.credentials.username, "password": settings.credentials.password}
         return values
@@ -135,10 +136,11 @@ def _secret(ctx: ProxyContext, *, meta: dict[str, Any], opts: pulumi.ResourceOpt
 def _container(ctx: ProxyContext, block: Any) -> dict[str, Any]:
     port = container_port(ctx.proxy.spec.port)
     probe = {"tcpSocket": {"port": port}, "periodSeconds": 10}
+    command, config_dir, _ = _daemon(block.image)
     return {
         "name": "proxy",
         "image": block.image,
-        "command": ["/bin/3proxy", f"{CONFIG_DIR}/{CONFIG_KEY}"],
+        "command": command,
         "ports": [{"name": "proxy", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {**probe, "initialDelaySeconds": 2},
         "livenessProbe": {**probe, "initialDelaySeconds": 10},
@@ -152,7 +154,7 @@ def _container(ctx: ProxyContext, block: Any) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+        "volumeMounts": [{"name": "config", "mountPath": config_dir, "readOnly": True}],
     }
 
 
@@ -253,9 +255,8 @@ def _published_host(
         return f"{name}.{namespace}.svc.cluster.local"
 
     def ingress_address(status: Any) -> str:
-        # The provider waits for an address before it reports the Service ready; with skipAwait (tests) or
-        # a load balancer that answers without one there is none: say so (the stack retries) rather than
-        # fail on an empty list.
+        # The provider waits for an address before it reports the Service ready; a load balancer that
+        # answers without one leaves none: say so (the stack retries) rather than fail on an empty list.
         ingress = status.load_balancer.ingress if status and status.load_balancer else None
         address = (ingress[0].ip or ingress[0].hostname) if ingress else None
         if not address:
@@ -285,7 +286,7 @@ def _proxy(
         "annotations": provider_annotations(),
     }
     opts = pulumi.ResourceOptions(parent=ctx.component, provider=k8s_provider)
-    secret = _secret(ctx, meta=meta, opts=opts)
+    secret = _secret(ctx, meta=meta, image=block.image, opts=opts)
     deployment = _deployment(
         ctx, meta=meta, selector=selector, pod_labels=pod_labels, secret=secret, block=block, opts=opts
     )

@@ -1,8 +1,10 @@
-"""The kubernetes program enforces spec.egress twice: 3proxy's ACL and the NetworkPolicy's egress rules.
+"""The kubernetes program enforces spec.egress twice: the proxy's own policy and the NetworkPolicy's rules.
 
-Mocked (`pulumi.runtime.set_mocks`, fresh per test): no pod runs on the test API server (no kubelet), so
-the rendering is what can be checked here. Fails on the code before issue 11: 3proxy allowed every
-destination and the NetworkPolicy governed ingress only.
+Mocked (`pulumi.runtime.set_mocks`, fresh per test): these check the rendering; tests/kube/test_proxy_pods.py
+sends the traffic through real pods on the test node. The default daemon is the forward proxy, which judges
+with the same code as `local` (`stacks.egress.decide` on the resolved address); a Proxy naming a 3proxy image
+gets 3proxy's ACL. Fails on the code before issue 11: 3proxy allowed every destination and the
+NetworkPolicy governed ingress only.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 import pytest
 from pulumi.runtime import rpc
 
+from stacks.egress import decide
+from stacks.forward_proxy.config import ProxyConfig
 from stacks.models import KubernetesProvider
 from stacks.programs.context import ProgramSettings
 from tests.stacks.conftest import current_event_loop  # noqa: F401 (the fixture, used below)
@@ -33,17 +37,52 @@ def mocks() -> RecordingMocks:
     return recording
 
 
-def _config(mocks: RecordingMocks) -> list[str]:
+THREEPROXY = {"image": "ghcr.io/tarampampam/3proxy:1.9.1"}
+
+
+def _data(mocks: RecordingMocks) -> dict[str, Any]:
     data = mocks.one(SECRET).inputs["stringData"]
     if isinstance(data, dict) and data.get(rpc._special_sig_key) == rpc._special_secret_sig:
         data = data["value"]
-    return str(data["3proxy.cfg"]).splitlines()
+    return dict(data)
+
+
+def _config(mocks: RecordingMocks) -> list[str]:
+    return str(_data(mocks)["3proxy.cfg"]).splitlines()
+
+
+def _allowed(mocks: RecordingMocks, address: str, port: int) -> bool:
+    policy = ProxyConfig.parse(str(_data(mocks)["proxy.json"]).encode()).egress
+    return decide(policy, address, port).allowed
+
+
+def test_the_forward_proxy_refuses_metadata_and_private_ranges_and_allows_public_on_80_443(
+    mocks: RecordingMocks,
+) -> None:
+    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster")], settings=SETTINGS)
+    for address in ("169.254.169.254", "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "100.64.0.1"):
+        assert not _allowed(mocks, address, 443), address
+    for address in ("::1", "fe80::1", "fd00::1", "fd00:ec2::254"):
+        assert not _allowed(mocks, address, 443), address
+    assert _allowed(mocks, "93.184.215.14", 443)
+    assert _allowed(mocks, "93.184.215.14", 80)
+    assert not _allowed(mocks, "93.184.215.14", 22)
+
+
+def test_the_forward_proxy_takes_an_explicit_allow_into_a_private_range(mocks: RecordingMocks) -> None:
+    egress = {"allow": [{"cidr": "10.96.0.10", "ports": [8080]}], "allowPorts": [443]}
+    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster", egress=egress)], settings=SETTINGS)
+    assert _allowed(mocks, "10.96.0.10", 8080)
+    assert not _allowed(mocks, "10.96.0.10", 8081)
+    assert not _allowed(mocks, "10.96.0.11", 8080)
+    assert _allowed(mocks, "93.184.215.14", 443)
+    assert not _allowed(mocks, "93.184.215.14", 80)
 
 
 def test_3proxy_refuses_metadata_and_private_ranges_and_allows_public_on_80_443(
     mocks: RecordingMocks,
 ) -> None:
-    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster")], settings=SETTINGS)
+    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster", kubernetes=THREEPROXY)], settings=SETTINGS)
     config = _config(mocks)
     user = GENERATED["username"]
     metadata, denied, public = (
@@ -65,9 +104,10 @@ def test_3proxy_refuses_metadata_and_private_ranges_and_allows_public_on_80_443(
     assert metadata < denied < public < config.index("deny *")
 
 
-def test_an_explicit_allow_comes_before_the_denied_ranges(mocks: RecordingMocks) -> None:
+def test_3proxy_takes_an_explicit_allow_before_the_denied_ranges(mocks: RecordingMocks) -> None:
     egress = {"allow": [{"cidr": "10.96.0.10", "ports": [8080]}], "allowPorts": [443]}
-    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster", egress=egress)], settings=SETTINGS)
+    spec = {"provider": "in-cluster", "egress": egress, "kubernetes": THREEPROXY}
+    run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
     config = _config(mocks)
     user = GENERATED["username"]
     explicit = config.index(f"allow {user} * 10.96.0.10/32 8080")
@@ -101,7 +141,8 @@ def test_the_network_policy_limits_egress_even_without_source_ranges(mocks: Reco
 def test_the_probe_endpoint_is_allowed_by_the_program(mocks: RecordingMocks) -> None:
     settings = ProgramSettings(stack="in-cluster", root_dir="/tmp", probe_url="http://10.96.7.7:8080/v1/echo")
     run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster")], settings=settings)
-    assert f"allow {GENERATED['username']} * 10.96.7.7/32 8080" in _config(mocks)
+    assert _allowed(mocks, "10.96.7.7", 8080)
+    assert not _allowed(mocks, "10.96.7.7", 8081)
     rules = mocks.one(POLICY).inputs["spec"]["egress"]
     assert {
         "to": [{"ipBlock": {"cidr": "10.96.7.7/32"}}],

@@ -13,8 +13,9 @@ import pulumi
 import pytest
 from pulumi.runtime import rpc
 
-from stacks.models import KubernetesProvider
-from stacks.programs import kubernetes
+from stacks.forward_proxy.config import ProxyConfig
+from stacks.models import DEFAULT_KUBERNETES_IMAGE, KubernetesProvider
+from stacks.programs import kubernetes, threeproxy
 from stacks.programs.context import ProgramSettings
 from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
 
@@ -68,7 +69,9 @@ def test_deployment_is_non_root_read_only_limited_and_probed_on_the_proxy_port(m
     assert container["resources"]["limits"] == {"cpu": "500m", "memory": "128Mi"}
     assert container["readinessProbe"]["tcpSocket"] == {"port": 8080}
     assert container["ports"] == [{"name": "proxy", "containerPort": 8080, "protocol": "TCP"}]
-    assert container["command"] == ["/bin/3proxy", "/etc/3proxy-operator/3proxy.cfg"]
+    assert container["image"] == DEFAULT_KUBERNETES_IMAGE
+    assert container["command"] == ["proxy-operator-forward-proxy", "/etc/proxy-operator/proxy.json"]
+    assert container["volumeMounts"][0]["mountPath"] == "/etc/proxy-operator"
     assert pod["automountServiceAccountToken"] is False
     assert pod["volumes"][0]["secret"]["secretName"] == SECRET_NAME
 
@@ -78,14 +81,15 @@ def test_credentials_and_ranges_are_in_the_secret_and_the_proxy_config(mocks: Re
     outputs = run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
     raw = mocks.one(SECRET).inputs["stringData"]
     data = _unsecret(raw)
-    config = data["3proxy.cfg"].splitlines()
+    config = ProxyConfig.parse(data["proxy.json"].encode())  # what the forward proxy itself reads
 
     assert raw != data, "the Secret's data must be a Pulumi secret"
     assert (data["username"], data["password"]) == (GENERATED["username"], GENERATED["password"])
-    assert f"users {GENERATED['username']}:CL:{GENERATED['password']}" in config
-    assert "auth strong" in config
-    assert f"allow {GENERATED['username']} 10.0.0.0/8,192.168.0.0/16 * 80,443" in config
-    assert config[-2:] == ["deny *", "proxy -a -n -p8080"]
+    assert (config.username, config.password) == (GENERATED["username"], GENERATED["password"])
+    assert (config.bind, config.port, config.protocol) == ("0.0.0.0", 8080, "http")
+    assert config.sources == ("10.0.0.0/8", "192.168.0.0/16")
+    assert config.egress.allow_ports == [80, 443]
+    assert config.control is None
     assert outputs["credentials"]["crawl/a"] == GENERATED
 
 
@@ -95,15 +99,56 @@ def test_socks5_and_a_privileged_port(mocks: RecordingMocks) -> None:
         proxies=[proxy("a", provider="in-cluster", port=1080, protocol="socks5")],
         settings=SETTINGS,
     )
-    config = _unsecret(mocks.one(SECRET).inputs["stringData"])["3proxy.cfg"]
+    config = ProxyConfig.parse(_unsecret(mocks.one(SECRET).inputs["stringData"])["proxy.json"].encode())
     run_port = mocks.one(SERVICE).inputs["spec"]["ports"][0]
 
-    assert config.splitlines()[-1] == "socks -n -p1080"
+    assert (config.protocol, config.port) == ("socks5", 1080)
     assert run_port == {"name": "proxy", "port": 1080, "targetPort": 1080, "protocol": "TCP"}
     mocks.resources.clear()
     run(entry=ENTRY, proxies=[proxy("b", provider="in-cluster", port=80)], settings=SETTINGS)
     # Below 1024 the container listens on 3128 (no NET_BIND_SERVICE); the Service still publishes port 80.
     assert mocks.one(SERVICE).inputs["spec"]["ports"][0]["targetPort"] == 3128
+    assert (
+        ProxyConfig.parse(_unsecret(mocks.one(SECRET).inputs["stringData"])["proxy.json"].encode()).port
+        == 3128
+    )
+
+
+def test_a_proxy_naming_a_3proxy_image_keeps_3proxy_and_its_configuration(mocks: RecordingMocks) -> None:
+    """The default before issue 19: a Proxy that names it explicitly keeps the same command, mount and
+    configuration file, so the upgrade rolls none of its pods."""
+    image = "ghcr.io/tarampampam/3proxy:1.9.1"
+    spec = {"provider": "in-cluster", "port": 8080, "allowedSourceRanges": ["10.0.0.0/8", "192.168.0.0/16"]}
+    run(entry=ENTRY, proxies=[proxy("a", **spec, kubernetes={"image": image})], settings=SETTINGS)
+    [container] = _pod(mocks)["containers"]
+    data = _unsecret(mocks.one(SECRET).inputs["stringData"])
+    config = data["3proxy.cfg"].splitlines()
+
+    assert (container["image"], container["command"]) == (
+        image,
+        ["/bin/3proxy", "/etc/3proxy-operator/3proxy.cfg"],
+    )
+    assert container["volumeMounts"][0]["mountPath"] == "/etc/3proxy-operator"
+    assert "proxy.json" not in data
+    assert f"users {GENERATED['username']}:CL:{GENERATED['password']}" in config
+    assert "auth strong" in config
+    assert f"allow {GENERATED['username']} 10.0.0.0/8,192.168.0.0/16 * 80,443" in config
+    assert config[-2:] == ["deny *", "proxy -a -n -p8080"]
+
+
+@pytest.mark.parametrize(
+    ("image", "expected"),
+    [
+        ("ghcr.io/tarampampam/3proxy:1.9.1", True),
+        ("registry.example/mirror/3proxy@sha256:" + "0" * 64, True),
+        ("3proxy", True),
+        ("ghcr.io/example/proxy-operator:0.1.0", False),
+        ("ghcr.io/3proxy/other:1", False),
+        ("localhost:5000/3proxy-fork:2", False),
+    ],
+)
+def test_which_images_are_3proxy(image: str, expected: bool) -> None:
+    assert threeproxy.is_threeproxy(image) is expected
 
 
 def test_cluster_ip_publishes_the_cluster_dns_name(mocks: RecordingMocks) -> None:
@@ -189,33 +234,15 @@ def _annotations(mocks: RecordingMocks) -> dict[str, dict[str, str]]:
     }
 
 
-def test_the_default_render_forces_its_apply_and_carries_no_test_only_annotation(
-    mocks: RecordingMocks, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Skipping the provider's await and background deletion are for tests/kube's bare API server only:
-    without the setting no object asks the provider for either. Every object asks for a forced apply, so a
-    field someone else took over is put back instead of failing the stack with a conflict."""
-    monkeypatch.delenv(kubernetes.BARE_APISERVER_ENV, raising=False)
+def test_every_object_forces_its_apply_and_nothing_skips_the_providers_await(mocks: RecordingMocks) -> None:
+    """Every object asks for a forced apply, so a field someone else took over is put back instead of
+    failing the stack with a conflict. None skips the provider's await or deletes in the background (the
+    test-only bare-apiserver mode is gone: tests/kube runs against a node with a kubelet)."""
     spec = {"provider": "in-cluster", "allowedSourceRanges": ["10.1.0.0/16"]}
     run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
 
     for typ, found in _annotations(mocks).items():
         assert found == {"pulumi.com/patchForce": "true"}, typ
-
-
-def test_the_bare_apiserver_setting_skips_await_and_deletes_in_the_background(
-    mocks: RecordingMocks, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(kubernetes.BARE_APISERVER_ENV, "1")
-    spec = {"provider": "in-cluster", "allowedSourceRanges": ["10.1.0.0/16"]}
-    run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
-
-    for typ, found in _annotations(mocks).items():
-        assert found == {
-            "pulumi.com/patchForce": "true",
-            "pulumi.com/skipAwait": "true",
-            "pulumi.com/deletionPropagationPolicy": "background",
-        }, typ
 
 
 def test_a_load_balancer_without_an_address_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
