@@ -12,7 +12,8 @@
 # the base rootfs tarball and the staged tools.
 #
 # usage: scripts/build-image.sh                 build localhost/proxy-operator:<version> (and :latest)
-#        scripts/build-image.sh --oci-archive F also write the image as an OCI archive F
+#        scripts/build-image.sh --oci-archive F also write the image as an OCI archive F (named
+#                                              ghcr.io/example/proxy-operator:<version>, as deploy/ names it)
 #        scripts/build-image.sh podman ARGS...   run podman with this storage and config (run, images, rmi...)
 # PROXY_OPERATOR_IMAGE_REFRESH=1 rebuilds the base (Debian security updates) and the layers (--no-cache).
 # Needs root (mmdebstrap, podman with runc); installs mmdebstrap, podman and runc from Debian when missing.
@@ -22,6 +23,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cache="${PROXY_OPERATOR_CACHE_DIR:-${XDG_CACHE_HOME:-${HOME:?is not set: set PROXY_OPERATOR_CACHE_DIR}/.cache}/proxy-operator}/image"
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml")"
 image="localhost/proxy-operator"
+# The name deploy/deployment.yaml runs and the kubernetes program's default proxy image
+# (stacks/models/wire.py): tagged too, so a node that imports the archive needs no registry.
+published="ghcr.io/example/proxy-operator"
 suite=bookworm
 packages=(python3.11 python3.11-venv ca-certificates openssh-client)
 mirrors=(
@@ -131,11 +135,12 @@ build() {
   [ -z "$cert" ] || secret=(--secret "id=pip-cert,src=$cert")
   podman build --quiet --runtime runc --network host --layers "${no_cache[@]}" "${secret[@]}" \
     --build-arg "BASE_IMAGE=$base" --build-context "pulumi-tools=$tools" --build-arg "TARGETARCH=$(arch)" \
-    --tag "$image:$version" --tag "$image:latest" --file "$root/Dockerfile" "$root" >/dev/null
+    --tag "$image:$version" --tag "$image:latest" --tag "$published:$version" --file "$root/Dockerfile" "$root" >/dev/null
   say "built $image:$version in $(( $(date +%s) - started )) s:" \
     "$(( $(podman image inspect --format '{{.Size}}' "$image:$version") / 1048576 )) MiB"
   if [ -n "$archive" ]; then
-    podman save --quiet --format oci-archive --output "$archive" "$image:$version"
+    podman save --quiet --format oci-archive --output "$archive.part" "$published:$version"
+    mv -f "$archive.part" "$archive"
     say "wrote $archive ($(du -m "$archive" | cut -f1) MiB)"
   fi
   say "run it: bash scripts/build-image.sh podman run --rm --read-only $image:$version --help"

@@ -45,6 +45,9 @@ tests() {
   want ipset ipset "kube-router enforces NetworkPolicy on the test node with ipsets"
   want iptables iptables "kube-router's NetworkPolicy rules on the test node"
   want gcc gcc "the test node's pause image is a static C binary (tests/kube/images.py)"
+  want mmdebstrap mmdebstrap "make image (scripts/build-image.sh): the service image's base from Debian's packages; the test node runs it"
+  want podman podman "make image builds the service image from the Dockerfile without a registry"
+  want newuidmap uidmap "podman's user namespaces (make image)"
   want chromium chromium "tests/service/ui/test_browser.py shows the fleet page in a headless browser"
   want chromedriver chromium-driver "Selenium drives that chromium (tests/service/ui/browser.py)"
 }

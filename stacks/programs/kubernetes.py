@@ -195,7 +195,8 @@ def _service(
         "type": block.service_type,
         "selector": selector,
         "ports": [
-            {"name": "proxy", "port": spec.port, "targetPort": container_port(spec.port), "protocol": "TCP"}
+            # By name: during a rollout that changes the port, each endpoint is its own pod's port.
+            {"name": "proxy", "port": spec.port, "targetPort": "proxy", "protocol": "TCP"}
         ],
     }
     if block.service_type != "ClusterIP":
@@ -290,7 +291,15 @@ def _proxy(
     deployment = _deployment(
         ctx, meta=meta, selector=selector, pod_labels=pod_labels, secret=secret, block=block, opts=opts
     )
-    service = _service(ctx, meta=meta, selector=selector, block=block, opts=opts)
+    # After the rollout: the new pods serve the new port before the Service publishes it (a port change
+    # then costs a client only the switch to the new port, never a refused connection on the old one).
+    service = _service(
+        ctx,
+        meta=meta,
+        selector=selector,
+        block=block,
+        opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[deployment])),
+    )
     _network_policy(ctx, meta=meta, selector=selector, opts=opts)
     host = _published_host(service, name=name, namespace=entry.namespace, service_type=block.service_type)
     return ProxyEndpoint(host=host, port=spec.port, protocol=spec.protocol.value, instance_id=deployment.id)

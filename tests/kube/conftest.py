@@ -8,6 +8,7 @@ missing apiserver is a broken install.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 
@@ -16,9 +17,11 @@ from kubernetes.client import ApiClient
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 
+from stacks.models import DEFAULT_KUBERNETES_IMAGE
 from tests.kube.apiserver import ROOT, ApiServerUnavailable, KubeApi, running_apiserver
 from tests.kube.manifests import dynamic_client, install_crds, refusal
 from tests.kube.node import KubeNode, NodeUnavailable, running_node
+from tests.kube.operator_image import ImageBuildFailed, build_archive
 
 CRDS = ROOT / "crds"
 
@@ -75,3 +78,23 @@ def kube_node(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Con
         if failure:
             pytest.fail(failure, pytrace=False)
         yield node
+
+
+@pytest.fixture(scope="session")
+def operator_image(kube_node: KubeNode, pytestconfig: pytest.Config) -> str:
+    """The service's image from this checkout (`make image`, tests/kube/operator_image.py), imported into
+    the test node under the name deploy/ and the kubernetes program use; that name. Fails, never skips."""
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:
+        with capture.global_and_fixture_disabled():
+            print(f"\n[image] {line}", end="", flush=True)
+
+    failure = ""
+    try:
+        kube_node.load_image(build_archive(say=say), name=DEFAULT_KUBERNETES_IMAGE)
+    except (ImageBuildFailed, NodeUnavailable, subprocess.TimeoutExpired) as exc:
+        failure = f"the service image cannot be built or loaded into the test node: {exc}"
+    if failure:
+        pytest.fail(failure, pytrace=False)
+    return DEFAULT_KUBERNETES_IMAGE

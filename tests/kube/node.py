@@ -79,6 +79,15 @@ class KubeNode:
     def kubectl(self, *args: str) -> list[str]:
         return [str(TOOLS_BIN / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
 
+    def load_image(self, archive: Path, *, name: str) -> None:
+        """Import an OCI archive into the node's containerd (no registry) and check it holds `name`, the
+        reference pods use (imagePullPolicy IfNotPresent: the kubelet then never pulls)."""
+        ctr = ["ctr", f"--address={self.files.containerd_socket}", "-n", "k8s.io", "images"]
+        self.namespace.inside(*ctr, "import", str(archive))
+        listed = self.namespace.inside(*ctr, "ls", "-q").split()
+        if name not in listed:
+            raise NodeUnavailable(f"{archive} holds no image {name} (the node has {', '.join(listed)})")
+
 
 def binaries() -> dict[str, Path]:
     found: dict[str, Path] = {name: TOOLS_BIN / name for name in TOOLS if (TOOLS_BIN / name).exists()}

@@ -103,11 +103,12 @@ def test_socks5_and_a_privileged_port(mocks: RecordingMocks) -> None:
     run_port = mocks.one(SERVICE).inputs["spec"]["ports"][0]
 
     assert (config.protocol, config.port) == ("socks5", 1080)
-    assert run_port == {"name": "proxy", "port": 1080, "targetPort": 1080, "protocol": "TCP"}
+    assert run_port == {"name": "proxy", "port": 1080, "targetPort": "proxy", "protocol": "TCP"}
     mocks.resources.clear()
     run(entry=ENTRY, proxies=[proxy("b", provider="in-cluster", port=80)], settings=SETTINGS)
     # Below 1024 the container listens on 3128 (no NET_BIND_SERVICE); the Service still publishes port 80.
-    assert mocks.one(SERVICE).inputs["spec"]["ports"][0]["targetPort"] == 3128
+    [container] = _pod(mocks)["containers"]
+    assert container["ports"] == [{"name": "proxy", "containerPort": 3128, "protocol": "TCP"}]
     assert (
         ProxyConfig.parse(_unsecret(mocks.one(SECRET).inputs["stringData"])["proxy.json"].encode()).port
         == 3128
