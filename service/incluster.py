@@ -78,6 +78,7 @@ class ClusterMode:
             hostname=socket.gethostname(),
             foreign_lock_gone=functools.partial(lease_holder_gone, api, kube),
             fenced=True,  # operations only inside a leadership term; reads anywhere
+            probe_pods=kube.probe_pods(settings.listen_port),
         )
         self.engine = Engine(config)
         self.allowances = Allowances()  # deletion allowances outlive a term: a new leader honours them

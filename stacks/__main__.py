@@ -35,7 +35,7 @@ from stacks.models import ProviderEntry  # noqa: E402
 from stacks.programs import build_stack  # noqa: E402
 from stacks.programs.component import InvalidInputError, ProgramProxy  # noqa: E402
 from stacks.programs.context import DEFAULT_KVM_SSH_DIR, ProgramSettings  # noqa: E402
-from stacks.programs.probe_allow import PROBE_URL_ENV  # noqa: E402
+from stacks.programs.probe_allow import PROBE_URL_ENV, ProbePods  # noqa: E402
 
 
 def _settings(config: pulumi.Config) -> ProgramSettings:
@@ -48,6 +48,7 @@ def _settings(config: pulumi.Config) -> ProgramSettings:
         kvm_ssh_dir=config.get("kvmSshDir")
         or os.environ.get("PROXY_OPERATOR_KVM_SSH_DIR", DEFAULT_KVM_SSH_DIR),
         probe_url=config.get("probeUrl") or os.environ.get(PROBE_URL_ENV),
+        probe_pods=ProbePods.parse(config.get("probePods") or ""),
         installation=config.get("installation") or None,
     )
 

@@ -50,6 +50,10 @@ class EngineConfig:
     # The health probe's URL: every stack's config `proxy-operator:probeUrl`, so the programs allow its echo
     # endpoint in each proxy's egress policy (stacks/programs/probe_allow.py); None: the environment's.
     probe_url: str | None = None
+    # The service's own pods when it runs in a cluster, as JSON {"namespace", "labels", "port"}: every stack's
+    # config `proxy-operator:probePods`, so a proxy pod's NetworkPolicy lets the probe reach them (the pod
+    # address after the Service's DNAT, not the ClusterIP). None: not in a cluster.
+    probe_pods: str | None = None
     # Given the host of a stack lock that is not `hostname`: is that holder gone for good, so its lock may be
     # cancelled? None: other hosts' locks are never recovered. In a cluster the service passes a check of the
     # Lease and the pods (service.kube.holder); it may block (operations run in threads).

@@ -245,6 +245,7 @@ class Engine:
             f"{CONFIG_NAMESPACE}:specHash": auto.ConfigValue(spec.spec_hash),
             f"{CONFIG_NAMESPACE}:stack": auto.ConfigValue(spec.name),
             f"{CONFIG_NAMESPACE}:probeUrl": auto.ConfigValue(self.config.probe_url or ""),  # "": none
+            f"{CONFIG_NAMESPACE}:probePods": auto.ConfigValue(self.config.probe_pods or ""),  # "": none
             # The resources' installation label (stacks/marks.py); "": none. Not in the spec hash: a stack
             # takes it at its next `up`.
             f"{CONFIG_NAMESPACE}:installation": auto.ConfigValue(self.config.installation or ""),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 from pathlib import Path
 
@@ -37,6 +38,11 @@ class KubeSettings(BaseSettings):
         description="This replica's identity in the Lease (and in stack locks); default: the host name.",
     )
     lease_name: str = Field("proxy-operator", description="The Lease (coordination.k8s.io) to elect by.")
+    pod_labels: dict[str, str] = Field(
+        default_factory=lambda: {"app.kubernetes.io/name": "proxy-operator"},
+        description="Labels that select this service's pods (deploy/deployment.yaml's): proxy pods' "
+        "NetworkPolicies let the health probe reach these pods on the listen port.",
+    )
     lease_duration_seconds: float = Field(
         15.0, gt=0, le=300, description="A leader that has not renewed for this long loses the Lease."
     )
@@ -54,6 +60,13 @@ class KubeSettings(BaseSettings):
         if not self.retry_period_seconds < self.renew_deadline_seconds:
             raise ValueError("retry_period_seconds must be shorter than renew_deadline_seconds")
         return self
+
+    def probe_pods(self, listen_port: int) -> str:
+        """The engine's `probe_pods` (automation/engine/config.py): this service's pods, as JSON."""
+        return json.dumps(
+            {"namespace": self.own_namespace(), "labels": self.pod_labels, "port": listen_port},
+            sort_keys=True,
+        )
 
     def own_namespace(self) -> str:
         if self.namespace:

@@ -12,7 +12,7 @@ from stacks.kvm_ssh import DEFAULT_SSH_DIR
 from stacks.models import EgressRule, EgressSpec
 from stacks.programs.component import Credentials, InvalidInputError, ProgramProxy, ProxyComponent
 from stacks.programs.credentials import GeneratedCredentials
-from stacks.programs.probe_allow import with_rules
+from stacks.programs.probe_allow import ProbePods, with_rules
 from stacks.programs.proxy_config import ProxySettings, check_credentials
 
 DEFAULT_KVM_SSH_DIR = DEFAULT_SSH_DIR
@@ -25,6 +25,7 @@ class ProgramSettings:
     provider_credentials: pulumi.Output[str] | None = None  # gcp key JSON or kubeconfig, a secret
     kvm_ssh_dir: str = DEFAULT_KVM_SSH_DIR
     probe_url: str | None = None  # the health probe's URL: its endpoint is allowed through every proxy
+    probe_pods: ProbePods | None = None  # the service's pods in a cluster (proxy pods' NetworkPolicy)
     installation: str | None = None  # this installation's id, marked on every resource (stacks/marks.py)
 
 

@@ -41,6 +41,7 @@ from stacks.programs.component import (
 )
 from stacks.programs.context import ProgramSettings, ProxyContext, proxy_settings
 from stacks.programs.kube_access import check_access
+from stacks.programs.probe_allow import ProbePods
 from stacks.programs.proxy_config import ProxySettings
 
 CONFIG_DIR = "/etc/proxy-operator"
@@ -229,14 +230,30 @@ def _egress_rules(policy: EgressSpec) -> list[dict[str, Any]]:
     return rules
 
 
+def _probe_rule(pods: ProbePods) -> dict[str, Any]:
+    """The health probe's way to the service's own pods (the probe URL's ClusterIP is DNATed to them
+    before the policy judges the packet, so its ipBlock allow never matches there)."""
+    peer = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": pods.namespace}},
+        "podSelector": {"matchLabels": dict(pods.labels)},
+    }
+    return {"to": [peer], "ports": [{"port": pods.port, "protocol": "TCP"}]}
+
+
 def _network_policy(
-    ctx: ProxyContext, *, meta: dict[str, Any], selector: dict[str, str], opts: pulumi.ResourceOptions
+    ctx: ProxyContext,
+    *,
+    meta: dict[str, Any],
+    selector: dict[str, str],
+    probe_pods: ProbePods | None,
+    opts: pulumi.ResourceOptions,
 ) -> None:
     ranges = ctx.proxy.spec.allowed_source_ranges
+    egress = _egress_rules(ctx.egress) + ([_probe_rule(probe_pods)] if probe_pods else [])
     spec: dict[str, Any] = {
         "podSelector": {"matchLabels": selector},
         "policyTypes": ["Egress"],
-        "egress": _egress_rules(ctx.egress),
+        "egress": egress,
     }
     if ranges:  # without ranges the proxy port stays open to all (credentials are then required)
         spec["policyTypes"] = ["Ingress", "Egress"]
@@ -300,7 +317,7 @@ def _proxy(
         block=block,
         opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[deployment])),
     )
-    _network_policy(ctx, meta=meta, selector=selector, opts=opts)
+    _network_policy(ctx, meta=meta, selector=selector, probe_pods=settings.probe_pods, opts=opts)
     host = _published_host(service, name=name, namespace=entry.namespace, service_type=block.service_type)
     return ProxyEndpoint(host=host, port=spec.port, protocol=spec.protocol.value, instance_id=deployment.id)
 

@@ -8,7 +8,9 @@ service's in-cluster DNS name becomes its addresses), and each address is allowe
 from __future__ import annotations
 
 import ipaddress
+import json
 import socket
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from stacks.models import EgressRule, EgressSpec
@@ -26,6 +28,25 @@ def _addresses(host: str, port: int) -> list[str]:
     except socket.gaierror:
         return []  # the probe cannot reach a name nobody resolves either; nothing to allow
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+@dataclass(frozen=True)
+class ProbePods:
+    """The service's own pods in a cluster (stack config `proxy-operator:probePods`, JSON). A proxy pod's
+    probe goes to the service's ClusterIP, but a NetworkPolicy judges the packet after the Service's DNAT:
+    its destination is then a service pod on the listen port, which only a pod selector can name."""
+
+    namespace: str
+    labels: dict[str, str]
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> ProbePods | None:
+        """From the stack config's JSON; "" (not in a cluster): None."""
+        if not text:
+            return None
+        raw = json.loads(text)
+        return cls(namespace=str(raw["namespace"]), labels=dict(raw["labels"]), port=int(raw["port"]))
 
 
 def probe_rules(probe_url: str | None) -> list[EgressRule]:

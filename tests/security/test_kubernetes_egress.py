@@ -14,10 +14,12 @@ from typing import Any
 import pytest
 from pulumi.runtime import rpc
 
+from service.kube.settings import KubeSettings
 from stacks.egress import decide
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.models import KubernetesProvider
 from stacks.programs.context import ProgramSettings
+from stacks.programs.probe_allow import ProbePods
 from tests.stacks.conftest import current_event_loop  # noqa: F401 (the fixture, used below)
 from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
 
@@ -148,3 +150,37 @@ def test_the_probe_endpoint_is_allowed_by_the_program(mocks: RecordingMocks) -> 
         "to": [{"ipBlock": {"cidr": "10.96.7.7/32"}}],
         "ports": [{"port": 8080, "protocol": "TCP"}],
     } in rules
+
+
+def test_the_probe_reaches_the_service_pods_by_selector_in_a_cluster(mocks: RecordingMocks) -> None:
+    """A NetworkPolicy judges the probe after the Service's DNAT: its destination is a service pod on the
+    listen port, not the ClusterIP, so the program names the service's pods by namespace and labels."""
+    pods = ProbePods(
+        namespace="proxy-operator", labels={"app.kubernetes.io/name": "proxy-operator"}, port=8080
+    )
+    settings = ProgramSettings(
+        stack="in-cluster",
+        root_dir="/tmp",
+        probe_url="http://10.96.7.7:80/v1/echo",
+        probe_pods=ProbePods.parse(KubeSettings(namespace="proxy-operator").probe_pods(8080)),
+    )
+    assert settings.probe_pods == pods
+    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster")], settings=settings)
+    rules = mocks.one(POLICY).inputs["spec"]["egress"]
+    assert {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "proxy-operator"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "proxy-operator"}},
+            }
+        ],
+        "ports": [{"port": 8080, "protocol": "TCP"}],
+    } in rules
+    assert _allowed(mocks, "10.96.7.7", 80)  # the proxy itself dials the ClusterIP
+
+
+def test_outside_a_cluster_no_rule_names_pods(mocks: RecordingMocks) -> None:
+    assert ProbePods.parse("") is None
+    run(entry=ENTRY, proxies=[proxy("a", provider="in-cluster")], settings=SETTINGS)
+    rules = mocks.one(POLICY).inputs["spec"]["egress"]
+    assert not [peer for rule in rules for peer in rule.get("to", []) if "podSelector" in peer]
