@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export PULUMI_SKIP_UPDATE_CHECK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps test-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock image faults
+.PHONY: help install system-deps test-deps bench-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock image faults
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -21,6 +21,9 @@ system-deps: ## Python 3.11 with venv, from Debian's packages when missing (apt-
 
 test-deps: ## what the tests start or call: redis-server, pgrep, ssh-keygen, openssl (as system-deps)
 	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh test
+
+bench-deps: ## the daemons the benchmarks compare with: tinyproxy, dante-server (started by no postinst)
+	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh bench
 
 venv: $(STAMP) ## the virtual environment, from requirements.lock (with the client package, clients/python)
 
@@ -55,7 +58,7 @@ lint: venv ## ruff, formatting, the layer contracts and mypy
 	$(VENV)/bin/lint-imports
 	$(VENV)/bin/mypy
 
-bench: install ## benchmarks: figures and ratios against baselines measured in the same run
+bench: install bench-deps ## benchmarks: figures and ratios against baselines measured in the same run
 	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 image: tools ## container image from the Dockerfile with podman, no registry (root; not part of make test)

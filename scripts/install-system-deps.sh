@@ -4,6 +4,7 @@
 #
 # usage: scripts/install-system-deps.sh base   Python 3.11 with venv (make install / make run)
 #        scripts/install-system-deps.sh test   what the tests start or call (make test)
+#        scripts/install-system-deps.sh bench  the daemons the benchmarks measure ours against (make bench)
 # As root it runs apt-get; otherwise `sudo -n apt-get` when sudo needs no password; else it stops with the
 # command to run, naming each package. Idempotent and quick: with everything present it only looks.
 set -euo pipefail
@@ -12,6 +13,8 @@ say() { printf '[system] %s\n' "$*"; }
 die() { printf '[system] error: %s\n' "$*" >&2; exit 1; }
 
 python=${PYTHON:-python3.11}
+policy=${PROXY_OPERATOR_POLICY_RC_D:-/usr/sbin/policy-rc.d}
+deny_daemons=0  # 1: install under a deny-all policy-rc.d, so no postinst starts the daemon it installs
 need=()   # Debian packages to install
 why=()    # one line each: program -> package, and what uses it
 
@@ -52,10 +55,17 @@ tests() {
   want chromedriver chromium-driver "Selenium drives that chromium (tests/service/ui/browser.py)"
 }
 
+bench() {  # the benchmark starts its own copies on loopback: none may be left running as a service
+  deny_daemons=1
+  want tinyproxy tinyproxy "tests/bench/bench_forward_proxy.py measures our forward proxy against it (HTTP)"
+  want danted dante-server "tests/bench/bench_forward_proxy.py measures our forward proxy against it (SOCKS5)"
+}
+
 case "${1:-}" in
   base) base ;;
   test) base; tests ;;
-  *) die "usage: $0 base|test" ;;
+  bench) base; bench ;;
+  *) die "usage: $0 base|test|bench" ;;
 esac
 ((${#need[@]})) || exit 0
 
@@ -64,11 +74,18 @@ mapfile -t packages < <(printf '%s\n' "${need[@]}" | sort -u)
 command -v apt-get >/dev/null 2>&1 ||
   die "no apt-get here: install ${packages[*]} (or what provides them on this system) and run make again"
 if [ "$(id -u)" -eq 0 ]; then
-  apt=(apt-get)
+  root=()
 elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-  apt=(sudo -n apt-get)
+  root=(sudo -n)
 else
   die "not root, and sudo asks for a password: run  sudo apt-get install -y ${packages[*]}  then make again"
+fi
+apt=("${root[@]}" apt-get)
+if ((deny_daemons)) && [ ! -e "$policy" ]; then  # one already there (a container's) is left as it is
+  # On a systemd host the units are still enabled for the next boot (deb-systemd-helper ignores the policy).
+  "${root[@]}" sh -c "printf '#!/bin/sh\nexit 101\n' > '$policy' && chmod 755 '$policy'" ||
+    die "cannot write $policy: install ${packages[*]} by hand, then stop the daemons their packages start"
+  trap '"${root[@]}" rm -f "$policy"' EXIT
 fi
 say "installing ${packages[*]} with apt-get"
 export DEBIAN_FRONTEND=noninteractive

@@ -42,7 +42,7 @@ def _machine(tmp_path: Path, *, present: set[str], uid: int = 0) -> tuple[Path, 
     """A bin folder with the given programs, apt-get recording its calls, `id -u` printing uid."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool in ("sort", "cat"):  # what the script itself calls besides bash builtins
+    for tool in ("sort", "cat", "sh", "chmod", "rm"):  # what the script itself calls besides bash builtins
         os.symlink(shutil.which(tool) or f"/usr/bin/{tool}", bin_dir / tool)
     for name in present | {"python3.11"}:
         _stub(bin_dir, name)
@@ -108,3 +108,37 @@ def test_the_test_nodes_runtime_and_network_come_from_debian(tmp_path: Path) -> 
     assert "(Debian package containernetworking-plugins): the test node's pod network" in result.stdout
     packages = "conntrack containerd containernetworking-plugins ipset iptables runc"
     assert log.read_text().splitlines()[1] == f"install -y -qq --no-install-recommends {packages}"
+
+
+def _bench_machine(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """As _machine with nothing present, apt-get also noting what the policy-rc.d answers while it runs."""
+    log, env = _machine(tmp_path, present=set())
+    policy = tmp_path / "policy-rc.d"
+    answer = f'[ -x {policy} ] && {policy}; echo "policy $?" >> {log}'
+    _stub(tmp_path / "bin", "apt-get", f'echo "$*" >> {log}; {answer}')
+    return log, policy, env | {"PROXY_OPERATOR_POLICY_RC_D": str(policy)}
+
+
+def test_the_bench_daemons_come_from_debian_and_none_is_started(tmp_path: Path) -> None:
+    log, policy, env = _bench_machine(tmp_path)
+    result = _run(env, "bench")
+    assert result.returncode == 0, result.stderr
+    assert "missing danted (Debian package dante-server)" in result.stdout
+    calls = log.read_text().splitlines()
+    assert calls[2] == "install -y -qq --no-install-recommends dante-server tinyproxy"
+    assert calls[3] == "policy 101"  # every service start refused while the packages install
+    assert not policy.exists()  # and the policy gone after
+
+
+def test_a_policy_rc_d_already_there_is_left_alone(tmp_path: Path) -> None:
+    _, policy, env = _bench_machine(tmp_path)
+    policy.write_text("#!/bin/sh\nexit 101\n# the container's own\n")
+    policy.chmod(0o755)
+    assert _run(env, "bench").returncode == 0
+    assert policy.read_text().endswith("# the container's own\n")
+
+
+def test_the_test_set_installs_no_bench_daemon(tmp_path: Path) -> None:
+    log, _, env = _bench_machine(tmp_path)
+    _run(env, "test")
+    assert "tinyproxy" not in log.read_text()
