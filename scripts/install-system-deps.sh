@@ -32,7 +32,8 @@ base() {
   fi
 }
 
-tests() {
+tests() {  # redis-server, containerd and podman would start as services on a systemd host: the tests start their own
+  deny_daemons=1
   want redis-server redis-server "the discovery store tests (tests/service/conftest.py starts one on loopback)"
   want pgrep procps "the real-engine tests find the local proxies they started"
   want ssh-keygen openssh-client "tests/stacks/test_kvm_ssh_secret.py makes a test key"

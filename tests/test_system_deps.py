@@ -29,6 +29,9 @@ TEST_PROGRAMS = {
     "ipset",
     "iptables",
     "gcc",
+    "mmdebstrap",
+    "podman",
+    "newuidmap",
 }
 
 
