@@ -234,3 +234,68 @@ def test_a_proxy_pod_carries_traffic_to_what_its_policy_allows_and_nothing_else(
         )
         assert code != 0, log
         assert held.status.pod_ip not in other.peers
+
+
+class ClientLoop(threading.Thread):
+    """A crawler fetching through the proxy without pause, always at the address discovery publishes (the
+    controller's inventory): what a client that leases before each request would see during a change."""
+
+    def __init__(self, controller: Controller, key: str, address: str, url: str) -> None:
+        super().__init__(name="client-loop", daemon=True)
+        self.controller, self.key, self.address, self.url = controller, key, address, url
+        self.ok: list[int] = []  # the port each successful request went to
+        self.failed: list[tuple[int, str]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            endpoint = {e.key: e for e in self.controller.inventory.endpoints()}[self.key]
+            port = endpoint.port or 0
+            try:
+                with via(endpoint.username, endpoint.password, self.address, port) as client:
+                    page = client.get(self.url)
+                if page.status_code == 200 and page.content == BODY:
+                    self.ok.append(port)
+                else:
+                    self.failed.append((port, f"{page.status_code} {page.content[:80]!r}"))
+            except httpx.HTTPError as exc:
+                self.failed.append((port, f"{type(exc).__name__}: {exc}"))
+            time.sleep(0.05)
+
+
+def test_a_port_change_rolls_the_pod_while_a_client_keeps_fetching(
+    kube_node: KubeNode, fleet: KubeFleet, objects: ClusterObjects
+) -> None:
+    """The new pod serves the new port before the Service publishes it and the old pod goes only after
+    (RollingUpdate with a surge of one, the Service after the Deployment, targetPort by name)."""
+    allowed = free_port()
+    host = kube_node.host_ip
+    fleet.write_proxy("roll", port=8080, egress=allow_host(kube_node, allowed))
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        controller = await fleet.apply()
+        assert condition(controller, "crawl/roll", "Provisioned").status == "True"
+        before = objects.deployment("px-crawl-roll").metadata.generation
+        address = cluster_ip(objects, "px-crawl-roll")
+        loop = ClientLoop(controller, "crawl/roll", address, f"http://{host}:{allowed}/")
+        answered(lambda: via(*credentials(controller, "crawl/roll"), address, 8080).get(loop.url))
+        loop.start()
+        await asyncio.sleep(2)
+        fleet.write_proxy("roll", port=8081, egress=allow_host(kube_node, allowed))
+        await fleet.apply(controller)
+        await asyncio.sleep(3)
+        loop.stop.set()
+        loop.join(timeout=15)
+        seen.update(loop=loop, generation=(before, objects.deployment("px-crawl-roll").metadata.generation))
+
+    with web_server(host, allowed):
+        asyncio.run(fleet.run(scenario))
+    loop: ClientLoop = seen["loop"]
+    assert seen["generation"][1] > seen["generation"][0], "the Deployment rolled"
+    assert 8080 in loop.ok
+    assert 8081 in loop.ok, "the new port serves once published"
+    assert [p.port for p in objects.service("px-crawl-roll").spec.ports] == [8081]
+    assert not loop.failed, (
+        f"{len(loop.failed)} of {len(loop.failed) + len(loop.ok)} failed: {loop.failed[:5]}"
+    )
