@@ -347,10 +347,10 @@ class ClusterMode:
             log.warning("cannot write the credentials Secret of %s: %s", endpoint.key, exc)
 
     def follow_inventory(self) -> None:
-        """A follower serves what the leader wrote: addresses and health from status, credentials from
-        the Secrets."""
+        """A follower serves what the leader wrote: addresses, health and the egress IP from status,
+        credentials from the Secrets."""
         endpoints: list[ProxyEndpoint] = []
-        healthy: dict[str, bool] = {}
+        healthy: dict[str, tuple[bool, str | None]] = {}
         for obj in self.source.objects():
             status: dict[str, Any] = obj.status
             address = status.get("address") or {}
@@ -366,13 +366,15 @@ class ClusterMode:
             out = {**address, "protocol": creds.get("protocol")}
             endpoints.append(endpoint_of(proxy, stack=status.get("stack"), out=out, creds=creds))
             conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-            healthy[obj.key] = conditions.get(ConditionType.HEALTHY) == "True"
+            egress = str(status["egressIP"]) if status.get("egressIP") else None
+            healthy[obj.key] = (conditions.get(ConditionType.HEALTHY) == "True", egress)
         current = {e.key: e for e in self.inventory.endpoints()}
         if current != {e.key: e for e in endpoints}:
             self.inventory.replace_all(endpoints)
-        for key, ok in healthy.items():
+        for key, (ok, egress) in healthy.items():
             state = HealthState.healthy if ok else HealthState.unhealthy
-            if self.inventory.health(key).state is not state:
-                self.inventory.set_health(key, Health(state=state))
+            seen = self.inventory.health(key)
+            if seen.state is not state or seen.egress_ip != egress:
+                self.inventory.set_health(key, Health(state=state, egress_ip=egress))
         if self.source.desired_state_synced():
             self.inventory.mark_loaded()

@@ -35,6 +35,17 @@ MANAGED_KINDS = (
     ("networking.k8s.io", "networkpolicies"),
 )
 VERBS = ("get", "list", "watch", "create", "patch", "delete")
+# What the provider's await reads while a Deployment rolls out and a Service gets endpoints (its Deployment
+# awaiter also watches the namespace's PersistentVolumeClaims): without one of these an `up` does not fail,
+# it waits until the await's timeout with the pods long Ready, so the check names them too.
+AWAITED_KINDS = (
+    ("", "pods"),
+    ("", "events"),
+    ("", "endpoints"),
+    ("", "persistentvolumeclaims"),
+    ("apps", "replicasets"),
+)
+READ_VERBS = ("get", "list", "watch")
 RBAC_HINT = "the Role proxy-operator-workloads in deploy/rbac.yaml"
 TIMEOUT_SECONDS = 10
 
@@ -48,14 +59,15 @@ def missing_permissions(rules: Iterable[Mapping[str, Any]]) -> list[str]:
     of one namespace, as a SelfSubjectRulesReview returns them). Rules limited to resourceNames do not count:
     the Secrets' names are generated."""
     missing = []
-    for group, resource in MANAGED_KINDS:
+    wanted = [(kind, VERBS) for kind in MANAGED_KINDS] + [(kind, READ_VERBS) for kind in AWAITED_KINDS]
+    for (group, resource), verbs in wanted:
         granted = set()
         for rule in rules:
             if rule.get("resourceNames"):
                 continue
             if _matches(rule.get("apiGroups"), group) and _matches(rule.get("resources"), resource):
                 granted |= set(rule.get("verbs") or ())
-        lacking = [verb for verb in VERBS if verb not in granted and "*" not in granted]
+        lacking = [verb for verb in verbs if verb not in granted and "*" not in granted]
         if lacking:
             missing.append(f"{resource}{'.' + group if group else ''} ({', '.join(lacking)})")
     return missing

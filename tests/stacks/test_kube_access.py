@@ -6,8 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import yaml
 
 from stacks.programs.kube_access import VERBS, check_access, missing_permissions
+from tests.conftest import ROOT
 
 ALL = list(VERBS)
 
@@ -16,13 +18,37 @@ def rule(groups: list[str], resources: list[str], verbs: list[str], **extra: Any
     return {"apiGroups": groups, "resources": resources, "verbs": verbs, **extra}
 
 
+READ = ["get", "list", "watch"]
+AWAITED = [
+    rule([""], ["pods", "events", "endpoints", "persistentvolumeclaims"], READ),
+    rule(["apps"], ["replicasets"], READ),
+]
+
+
 def test_the_documented_role_is_enough() -> None:
+    documents = yaml.safe_load_all((ROOT / "deploy" / "rbac.yaml").read_text())
+    [role] = [
+        d
+        for d in documents
+        if d and d["kind"] == "Role" and d["metadata"]["name"] == "proxy-operator-workloads"
+    ]
+    assert missing_permissions(role["rules"]) == []
+
+
+def test_what_the_await_reads_is_named_when_missing() -> None:
+    """Seen on the test node: without `persistentvolumeclaims` the provider's Deployment await waited for
+    its timeout with the pod Ready. The check names it before anything is created."""
     rules = [
-        rule([""], ["secrets", "services"], [*ALL, "update"]),
+        rule([""], ["secrets", "services"], ALL),
         rule(["apps"], ["deployments"], ALL),
         rule(["networking.k8s.io"], ["networkpolicies"], ALL),
+        rule([""], ["pods", "events", "endpoints"], READ),
+        rule(["apps"], ["replicasets"], ["get"]),
     ]
-    assert missing_permissions(rules) == []
+    assert missing_permissions(rules) == [
+        "persistentvolumeclaims (get, list, watch)",
+        "replicasets.apps (list, watch)",
+    ]
 
 
 def test_wildcards_grant_everything() -> None:
@@ -33,6 +59,7 @@ def test_each_missing_kind_and_verb_is_named() -> None:
     rules = [
         rule([""], ["secrets", "services"], ALL),
         rule(["apps"], ["deployments"], ["get", "list", "watch"]),
+        *AWAITED,
     ]
 
     assert missing_permissions(rules) == [
@@ -45,6 +72,7 @@ def test_rules_limited_to_names_and_other_groups_do_not_count() -> None:
     rules = [
         rule([""], ["secrets"], ALL, resourceNames=["px-crawl-a"]),  # the Secrets' names are generated
         rule(["extensions"], ["services", "deployments", "networkpolicies"], ALL),
+        *AWAITED,
     ]
     assert len(missing_permissions(rules)) == 4
 
