@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -98,13 +98,11 @@ class ServiceInNode:
         service = self.core.read_namespaced_service(NAMESPACE, NAMESPACE)
         return f"http://{service.spec.cluster_ip}"
 
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
     def client(self) -> httpx.Client:
-        return httpx.Client(
-            base_url=self.url(),
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=15,
-            trust_env=False,
-        )
+        return httpx.Client(base_url=self.url(), headers=self.headers(), timeout=15, trust_env=False)
 
     def pods(self) -> list[Any]:
         found = self.core.list_namespaced_pod(
@@ -159,6 +157,33 @@ class ServiceInNode:
                 raise ServiceUnavailable(f"the rollout did not finish: {deployment.status}")
             time.sleep(1)
             deployment = AppsV1Api(self.api).read_namespaced_deployment(NAMESPACE, NAMESPACE)
+
+    def memory(self, pod: Any) -> dict[str, int]:
+        """The service container's memory as the host's /proc and cgroup v1 see it (bytes): the service
+        process's RSS, and the container's usage now, its peak and its limit (page cache included; the
+        peak covers every Pulumi child the container ran)."""
+        uid = pod.metadata.uid
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cgroup = (entry / "cgroup").read_text()
+                command = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if (
+                uid not in cgroup
+                or b"serve" not in command
+                or not any(b"proxy-operator" in c for c in command)
+            ):
+                continue
+            memory = next(line.split(":", 2)[2] for line in cgroup.splitlines() if ":memory:" in line)
+            folder = Path("/sys/fs/cgroup/memory") / memory.lstrip("/")
+            rss = next(int(line.split()[1]) * 1024 for line in (entry / "status").read_text().splitlines()
+                       if line.startswith("VmRSS:"))  # fmt: skip
+            files = {"usage": "usage_in_bytes", "peak": "max_usage_in_bytes", "limit": "limit_in_bytes"}
+            return {"rss": rss} | {k: int((folder / f"memory.{v}").read_text()) for k, v in files.items()}
+        raise ServiceUnavailable(f"no service process of pod {pod.metadata.name} on this host")
 
     def summary(self) -> dict[str, Any]:
         """The kubelet's stats summary (pods' working sets), through the API server's node proxy."""
@@ -232,7 +257,5 @@ def deployed_service(node: KubeNode, image: str, *, cache_dir: Path) -> Iterator
             yield service
         finally:
             for namespace in (PROXY_NAMESPACE, NAMESPACE, "proxies"):
-                try:
+                with suppress(Exception):  # cleanup: already gone is fine
                     core.delete_namespace(namespace, grace_period_seconds=0)
-                except Exception:
-                    pass

@@ -102,11 +102,21 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
     custom(service).create_namespaced_custom_object(*PLURAL[:2], PROXY_NAMESPACE, PLURAL[2], manifest)
     wait_for("pod-1 Ready and Healthy", lambda: healthy(service, "pod-1"), timeout=SETTLE, service=service)
 
+    leader = next(p for p in service.pods() if p.metadata.name == service.leader())
+    figures = service.memory(leader)  # after the `up` of a kubernetes stack inside the pod
+    mib = {name: value >> 20 for name, value in figures.items()}
+    print(f"\n[figures] leader after one kubernetes `up`: {mib} MiB")
+    assert figures["peak"] < figures["limit"], "the `up` fits under deploy/'s memory limit"
+    [pod] = proxy_pods(service, "pod-1")
+    for replica in service.pods():  # leader and follower alike: the follower serves the leader's status
+        with httpx.Client(timeout=10, trust_env=False) as direct:
+            answer = direct.get(f"http://{replica.status.pod_ip}:8080/v1/proxies", headers=service.headers())
+        [seen] = answer.json()["items"]
+        assert seen["key"] == "crawl/pod-1"
+        assert seen["health"]["state"] == "healthy", (replica.metadata.name, seen)
+        # learnt by the probe through the pod: the echo sees the proxy pod's own address
+        assert seen["health"]["egressIp"] == pod.status.pod_ip, (replica.metadata.name, seen)
     with service.client() as api:
-        [proxy] = api.get("/v1/proxies").json()["items"]
-        assert (proxy["key"], proxy["health"]["state"]) == ("crawl/pod-1", "healthy"), proxy
-        [pod] = proxy_pods(service, "pod-1")
-        assert proxy["health"]["egressIp"] == pod.status.pod_ip, proxy  # learnt by the probe through the pod
         answer = api.post("/v1/leases", json={"target": "site.test"})
         assert answer.status_code == 200, answer.text
         [lease] = answer.json()["leases"]
