@@ -245,12 +245,17 @@ class ClientLoop(threading.Thread):
         self.controller, self.key, self.address, self.url = controller, key, address, url
         self.ok: list[int] = []  # the port each successful request went to
         self.failed: list[tuple[int, str]] = []
+        self.unpublished = 0  # rounds in which discovery had no address to give
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            endpoint = {e.key: e for e in self.controller.inventory.endpoints()}[self.key]
-            port = endpoint.port or 0
+            endpoint = {e.key: e for e in self.controller.inventory.endpoints()}.get(self.key)
+            if endpoint is None or not endpoint.port:  # not published at this moment: nothing to ask for
+                self.unpublished += 1
+                time.sleep(0.05)
+                continue
+            port = endpoint.port
             try:
                 with via(endpoint.username, endpoint.password, self.address, port) as client:
                     page = client.get(self.url)
@@ -284,6 +289,10 @@ def test_a_port_change_rolls_the_pod_while_a_client_keeps_fetching(
         await asyncio.sleep(2)
         fleet.write_proxy("roll", port=8081, egress=allow_host(kube_node, allowed))
         await fleet.apply(controller)
+        deadline = time.monotonic() + 180  # the `up` awaits the new pod, then updates the Service
+        while {e.key: e for e in controller.inventory.endpoints()}["crawl/roll"].port != 8081:
+            assert time.monotonic() < deadline, "the new port was never published"
+            await asyncio.sleep(0.5)
         await asyncio.sleep(3)
         loop.stop.set()
         loop.join(timeout=15)
@@ -292,6 +301,8 @@ def test_a_port_change_rolls_the_pod_while_a_client_keeps_fetching(
     with web_server(host, allowed):
         asyncio.run(fleet.run(scenario))
     loop: ClientLoop = seen["loop"]
+    print(f"\n[figures] port change: {len(loop.ok)} requests served ({loop.ok.count(8081)} on the new port), "
+          f"{len(loop.failed)} failed, {loop.unpublished} rounds without a published address")  # fmt: skip
     assert seen["generation"][1] > seen["generation"][0], "the Deployment rolled"
     assert 8080 in loop.ok
     assert 8081 in loop.ok, "the new port serves once published"

@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
-from kubernetes.client import AppsV1Api, CustomObjectsApi, PolicyV1Api
+from kubernetes.client import AppsV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 
 from tests.kube.node import KubeNode, resolves
@@ -173,16 +173,18 @@ def test_a_rollout_restart_of_the_service_hands_the_lease_over_with_no_destroy_a
 def test_the_disruption_budget_keeps_one_replica_through_evictions(service: ServiceInNode) -> None:
     service.wait_ready()
     first, second = (p.metadata.name for p in service.ready_pods()[:2])
-    policy = PolicyV1Api(service.api)
-    body = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": first, "namespace": NAMESPACE},
-    }
-    policy.create_namespaced_pod_eviction(first, NAMESPACE, body)
-    body["metadata"]["name"] = second
+
+    def evict(name: str) -> None:
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": NAMESPACE},
+        }
+        service.core.create_namespaced_pod_eviction(name, NAMESPACE, body)
+
+    evict(first)
     with pytest.raises(ApiException) as refused:
-        policy.create_namespaced_pod_eviction(second, NAMESPACE, body)
+        evict(second)
     assert refused.value.status == 429, refused.value.body
     service.wait_ready()
 
