@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -232,7 +232,5 @@ def deployed_service(node: KubeNode, image: str, *, cache_dir: Path) -> Iterator
             yield service
         finally:
             for namespace in (PROXY_NAMESPACE, NAMESPACE, "proxies"):
-                try:
+                with suppress(Exception):
                     core.delete_namespace(namespace, grace_period_seconds=0)
-                except Exception:
-                    pass
