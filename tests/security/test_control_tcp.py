@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -23,10 +25,11 @@ import pytest
 
 from stacks.forward_proxy import control
 from stacks.forward_proxy.channel import control_token
+from stacks.forward_proxy.reload import applied_path, digest
 from stacks.programs import local_process as proc
 from tests.ports import free_port
 from tests.security.loopback_site import serve_page
-from tests.security.tunnels import run_proxy
+from tests.security.tunnels import run_proxy, until
 
 PASSWORD = "Pass1234"  # run_proxy's static credentials: crawler / Pass1234
 
@@ -144,3 +147,27 @@ def test_a_tcp_channel_without_a_password_is_refused_at_start(tmp_path: Path) ->
     )
     assert done.returncode != 0
     assert b"a tcp control channel needs the proxy's password" in done.stderr
+
+
+def test_a_password_edited_in_place_moves_the_token_with_it(tmp_path: Path) -> None:
+    """A SIGHUP that changes the static password (reload.py) changes the token at once: the old one is
+    refused, the new one admitted (the token is derived per request, not fixed at start)."""
+    port, channel = free_port(), f"tcp://127.0.0.1:{free_port()}"
+    raw = {"bind": "127.0.0.1", "port": port, "protocol": "http", "egress": {}, "control": channel}
+    raw |= {"username": "crawler", "password": PASSWORD}
+    config_file, log = tmp_path / "p.json", tmp_path / "p.log"
+    config_file.write_text(json.dumps(raw))
+    ref = proc.spawn(proc.proxy_command(config_file), log_path=log)
+    try:
+        proc.wait_until_listening(ref, host="127.0.0.1", port=port, log_path=log)
+        data = json.dumps({**raw, "password": "NewPass5678"}).encode()
+        config_file.write_bytes(data)
+        os.kill(ref.pid, signal.SIGHUP)
+        answer = applied_path(config_file)
+        assert until(lambda: answer.exists() and f"ok {digest(data)}" in answer.read_text(), within=5)
+        revoke = {"op": "revoke", "user": "u"}
+        with pytest.raises(control.ControlError, match="refused"):
+            asyncio.run(control.call(channel, revoke, wait=5, password=PASSWORD))
+        asyncio.run(control.call(channel, revoke, wait=5, password="NewPass5678"))
+    finally:
+        proc.stop(ref)
