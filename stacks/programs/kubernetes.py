@@ -3,7 +3,9 @@
 The container runs the project's own forward proxy (`stacks.forward_proxy`, the `local` provider's daemon)
 from the service's own image (`proxy-operator-forward-proxy`, docs/decisions.md "The proxy in pods and
 VMs"), on a JSON configuration mounted from the proxy's Secret (which also holds the credentials), so the
-root filesystem stays read-only. A Proxy that names a 3proxy image keeps 3proxy (`threeproxy.py`).
+root filesystem stays read-only. A Proxy that names a 3proxy image keeps 3proxy (`threeproxy.py`). With the
+service in the cluster and credentials, the forward proxy also takes lease users on a control port behind a
+headless Service (`kube_control.py`).
 Source ranges are enforced three times: the proxy's own check, a NetworkPolicy, and
 `loadBalancerSourceRanges`. The egress policy twice: the proxy (on the resolved address, with the same
 policy code as `local`) and the NetworkPolicy's egress rules. The Secret is replaced (new name) whenever its
