@@ -28,7 +28,13 @@ from service.config import OperatorSettings
 from service.controller import Controller
 from service.deletions import Allowances
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
-from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter
+from service.kube.credentials import (
+    Credentials,
+    CredentialsReader,
+    CredentialsWriter,
+    followed_output,
+    shared_control,
+)
 from service.kube.events import EventRecorder
 from service.kube.heartbeat import OperationsHeartbeat
 from service.kube.holder import lease_holder_gone
@@ -340,6 +346,7 @@ class ClusterMode:
             protocol=endpoint.protocol,
             username=endpoint.username,
             password=endpoint.password,
+            control=shared_control(endpoint.control),
         )
         try:
             self.credentials_writer.write(ref, credentials)
@@ -363,7 +370,7 @@ class ClusterMode:
             creds = self.credentials.credentials(obj.key) or {}
             if proxy.spec.auth.mode != "none" and not creds.get("password"):
                 continue  # its credentials Secret is not here yet: handed out now, it would answer 407
-            out = {**address, "protocol": creds.get("protocol")}
+            out = followed_output(address, creds)
             endpoints.append(endpoint_of(proxy, stack=status.get("stack"), out=out, creds=creds))
             conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
             egress = str(status["egressIP"]) if status.get("egressIP") else None

@@ -18,6 +18,7 @@ from automation.queue_state import QueueState, StackQueueState
 from service.inventory import Inventory, ProxyEndpoint
 from service.sources.contract import Hold, Source, SourceChange
 from service.status import StatusBoard
+from stacks.forward_proxy.channel import TCP_SCHEME
 from stacks.models import Address, Proxy
 from stacks.models.conditions import ConditionType, Reason
 
@@ -267,6 +268,7 @@ def endpoint_of(
 ) -> ProxyEndpoint:
     """The inventory's endpoint of a proxy from where it serves (`out`: host, port, protocol) and its
     credentials."""
+    control = out.get("control")
     return ProxyEndpoint(
         key=proxy.key,
         namespace=proxy.metadata.namespace,
@@ -280,7 +282,9 @@ def endpoint_of(
         username=creds.get("username"),
         password=creds.get("password"),
         stack=stack,
-        control=out.get("control"),  # local proxies: where lease users are pushed (docs/security.md)
+        control=control,  # where lease users are pushed (docs/security.md)
         instance_id=str(out["instanceId"]) if out.get("instanceId") else None,
-        local="control" in out,  # only the local program exports the key (None without credentials)
+        # The local program exports the key on every endpoint (a socket path, None without credentials);
+        # proxy pods only with a channel, always `tcp://` (stacks/programs/kube_control.py).
+        local="control" in out and not str(control).startswith(TCP_SCHEME),
     )

@@ -222,7 +222,7 @@ def test_the_proxy_pods_default_image_is_this_releases_service_image() -> None:
 
     version = re.search(r'^version = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
     assert version
-    assert DEFAULT_KUBERNETES_IMAGE == deployment_container()["containers"][0]["image"]
+    assert deployment_container()["containers"][0]["image"] == DEFAULT_KUBERNETES_IMAGE
     assert DEFAULT_KUBERNETES_IMAGE.endswith(f":{version.group(1)}")
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["proxy-operator-forward-proxy"] == "stacks.forward_proxy.__main__:entry"

@@ -20,6 +20,7 @@ from kubernetes.client import ApiClient
 from service.kube.client import request_json
 from service.kube.refs import ProxyRef
 from service.kube.watch import Obj, Watcher
+from stacks.forward_proxy.channel import TCP_SCHEME
 
 __all__ = [
     "LABELS",
@@ -27,7 +28,9 @@ __all__ = [
     "Credentials",
     "CredentialsReader",
     "CredentialsWriter",
+    "followed_output",
     "secret_name",
+    "shared_control",
 ]
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -46,9 +49,24 @@ class Credentials:
     protocol: str
     username: str | None = None  # None: auth.mode none
     password: str | None = None
+    control: str | None = None  # a `tcp://` lease-user channel every replica reaches (a proxy pod's)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def shared_control(control: str | None) -> str | None:
+    """The channel when other replicas can reach it too (`tcp://`); a unix socket is the leader's own."""
+    return control if control is not None and control.startswith(TCP_SCHEME) else None
+
+
+def followed_output(address: dict[str, Any], creds: dict[str, Any]) -> dict[str, Any]:
+    """What a follower takes for a proxy's stack output: the leader's status address, the protocol and a
+    proxy pod's control channel from the Secret (so followers push lease users too)."""
+    out = {**address, "protocol": creds.get("protocol")}
+    if creds.get("control"):
+        out["control"] = creds["control"]
+    return out
 
 
 def secret_name(proxy_name: str) -> str:
@@ -175,6 +193,7 @@ def parse(data: dict[str, str]) -> Credentials | None:
             protocol=fields.get("protocol") or "http",
             username=fields.get("username"),
             password=fields.get("password"),
+            control=shared_control(fields.get("control")),
         )
     except (KeyError, ValueError, binascii.Error, UnicodeDecodeError):
         return None

@@ -16,6 +16,7 @@ from functools import partial
 from pathlib import Path
 
 from stacks.forward_proxy import control, http, socks
+from stacks.forward_proxy.channel import tcp_address
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.connection import Connection, Shared, linger
 from stacks.forward_proxy.occupancy import Occupancy, fit_descriptors, source_of
@@ -61,11 +62,18 @@ def _shared(config: ProxyConfig) -> Shared:
     )
 
 
-async def _control(config: ProxyConfig, users: LeaseUsers) -> asyncio.Server | None:
-    """The lease users' control channel, when configured and the proxy authenticates at all."""
+async def _control(shared: Shared) -> asyncio.Server | None:
+    """The lease users' control channel, when configured and the proxy authenticates at all: a unix socket,
+    or `tcp://HOST:PORT` whose requests carry the token of the proxy's password (as a reload leaves it)."""
+    config = shared.gate.config
     if config.control is None or config.username is None:
         return None
-    server = await control.start(config.control, users)
+    address = tcp_address(config.control)
+    if address is None:
+        server = await control.start(config.control, shared.gate.users)
+    else:
+        users, host, port = shared.gate.users, *address
+        server = await control.start_tcp(host, port, users, password=lambda: shared.gate.config.password)
     print(f"lease users on {config.control}", flush=True)
     return server
 
@@ -78,7 +86,7 @@ def _reload(shared: Shared, config_file: Path) -> None:
 
 async def serve(config: ProxyConfig, config_file: Path | None = None) -> None:
     shared = _shared(config)
-    channel = await _control(config, shared.gate.users)  # before the proxy listens: ready means both are
+    channel = await _control(shared)  # before the proxy listens: ready means both are
     server = await asyncio.start_server(
         partial(_session, shared=shared), config.bind, config.port, limit=http.MAX_HEAD, reuse_address=True
     )
@@ -95,13 +103,17 @@ async def serve(config: ProxyConfig, config_file: Path | None = None) -> None:
     finally:
         if channel is not None:
             channel.close()
-            with contextlib.suppress(OSError):
-                os.unlink(str(config.control))
+            if tcp_address(str(config.control)) is None:
+                with contextlib.suppress(OSError):
+                    os.unlink(str(config.control))
 
 
 def main(argv: list[str]) -> None:
     config_file = Path(argv[1])
-    config = ProxyConfig.read(config_file)
+    try:
+        config = ProxyConfig.read(config_file)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        sys.exit(f"cannot use {config_file}: {exc}")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config, config_file))
 

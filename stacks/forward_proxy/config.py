@@ -2,11 +2,12 @@
 
 {"bind": "127.0.0.1", "port": 3128, "protocol": "http"|"socks5", "username": ..., "password": ...,
  "egress": {spec.egress by alias},
- "sources": [allowedSourceRanges], "control": "/state/dir/STEM.ctl" | null,
+ "sources": [allowedSourceRanges], "control": "/state/dir/STEM.ctl" | "tcp://HOST:PORT" | null,
  "limits": {"head_seconds": 10, "handshake_seconds": 10, "idle_seconds": 300, "per_source": 256,
             "total": 1024}}; no username means no authentication. `control` is where the proxy listens for
-lease users (control.py); null: no lease users. `limits` and each of its keys are optional (`Limits` says
-what each bounds); a file written before they existed keeps working with the defaults.
+lease users (control.py; over tcp only with a password, which keys its token); null: no lease users.
+`limits` and each of its keys are optional (`Limits` says what each bounds); a file written before they
+existed keeps working with the defaults.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stacks.egress import canonical
+from stacks.forward_proxy.channel import tcp_address
 from stacks.models import EgressSpec
 
 
@@ -65,8 +67,15 @@ class ProxyConfig:
     sources: tuple[str, ...] = ()  # CIDRs that may connect; empty: anyone who reaches the bind address
     username: str | None = None
     password: str | None = None
-    control: str | None = None  # the control socket's path
+    control: str | None = None  # the control socket's path, or tcp://HOST:PORT (control.py)
     limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if self.control is not None and tcp_address(self.control) is not None and not self.password:
+            raise ValueError(
+                f"control {self.control}: a tcp control channel needs the proxy's password (its requests "
+                "carry a token derived from it); set password, or use a unix socket path"
+            )
 
     @classmethod
     def read(cls, path: Path) -> ProxyConfig:

@@ -1,8 +1,11 @@
 """The control channel: the discovery service adds, renews and revokes lease users on a running proxy.
 
-A unix socket in the proxy's state folder, mode 0600 in a 0700 folder: only the user that runs the service
-(and started the proxy) can connect, and the proxy itself only ever dials TCP, so no client can reach the
-channel through the proxy. One JSON object per line each way:
+Either a unix socket in the proxy's state folder (the `local` provider), mode 0600 in a 0700 folder: only
+the user that runs the service (and started the proxy) can connect, and the proxy itself only ever dials
+TCP, so no client can reach the channel through the proxy. Or `tcp://HOST:PORT` (a proxy pod, whose
+service runs in other pods): there every request carries `"token": control_token(the proxy's password)`,
+and one without the right token is refused and its connection closed (`start_tcp`, `channel.py`). One
+JSON object per line each way:
 
     {"op": "add", "user": U, "password": P, "ttl": SECONDS}  -> {"ok": true}
     {"op": "renew", "user": U, "ttl": SECONDS}               -> {"ok": true} | {"ok": false, "error": ...}
@@ -20,14 +23,18 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from stacks.forward_proxy.channel import control_token, tcp_address, token_matches
 from stacks.forward_proxy.users import LeaseUsers, UsersFull
 
 MAX_LINE = 4096
 MAX_TTL = 7 * 86400.0
 MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+IDLE_SECONDS = 10.0  # a tcp channel's wait for the next request line
+REFUSED = {"ok": False, "error": "refused"}  # a tcp request without the right token, whatever was wrong
 
 
 class ControlError(Exception):
@@ -83,7 +90,8 @@ async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, u
 
 
 async def start(path: str, users: LeaseUsers) -> asyncio.Server:
-    """Listen on `path` (a stale socket from a dead process is replaced), mode 0600 from the start."""
+    """Listen on the unix socket `path` (a stale socket from a dead process is replaced), mode 0600 from
+    the start (a `tcp://` channel: `start_tcp`)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     umask = os.umask(0o177)  # no window in which the socket is wider than 0600
@@ -93,6 +101,52 @@ async def start(path: str, users: LeaseUsers) -> asyncio.Server:
         os.umask(umask)
     os.chmod(path, 0o600)
     return server
+
+
+async def _tcp_session(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    users: LeaseUsers,
+    password: Callable[[], str | None],
+) -> None:
+    """Like `_session`, but a request without the right token (or not even JSON) is answered REFUSED, which
+    says nothing of why, and its connection closed; a line must come within IDLE_SECONDS."""
+    try:
+        while True:
+            async with asyncio.timeout(IDLE_SECONDS):
+                line = await reader.readline()
+            if not line:
+                break
+            request = _json_object(line)
+            secret = password()
+            if request is None or secret is None or not token_matches(request.get("token"), secret):
+                writer.write(json.dumps(REFUSED).encode() + b"\n")
+                await writer.drain()
+                break
+            writer.write(json.dumps(apply(users, request)).encode() + b"\n")
+            await writer.drain()
+    except (ConnectionError, ValueError, TimeoutError):  # ValueError: a line past MAX_LINE
+        pass
+    finally:
+        writer.close()
+
+
+def _json_object(line: bytes) -> dict[str, Any] | None:
+    try:
+        request = json.loads(line)
+    except ValueError:
+        return None
+    return request if isinstance(request, dict) else None
+
+
+async def start_tcp(
+    host: str, port: int, users: LeaseUsers, *, password: Callable[[], str | None]
+) -> asyncio.Server:
+    """Listen on `host:port`; each request must carry the token of `password()`, the proxy's password as
+    it is now (a reload may change it)."""
+    return await asyncio.start_server(
+        lambda r, w: _tcp_session(r, w, users, password), host, port, limit=MAX_LINE, reuse_address=True
+    )
 
 
 def socket_path(state_dir: Path, stem: str) -> str | None:
@@ -105,11 +159,16 @@ def socket_path(state_dir: Path, stem: str) -> str | None:
     return None
 
 
-async def call(path: str, request: dict[str, Any], *, wait: float) -> None:
-    """Send one request, wait for its answer; a ControlError unless the proxy said ok."""
+async def call(channel: str, request: dict[str, Any], *, wait: float, password: str | None = None) -> None:
+    """Send one request to `channel` (a unix socket path, or `tcp://HOST:PORT`: with the token derived from
+    the proxy's `password`), wait for its answer; a ControlError unless the proxy said ok."""
+    address, request = _addressed(channel, request, password=password)
     try:
         async with asyncio.timeout(wait):
-            reader, writer = await asyncio.open_unix_connection(path, limit=MAX_LINE)
+            if address is None:
+                reader, writer = await asyncio.open_unix_connection(channel, limit=MAX_LINE)
+            else:
+                reader, writer = await asyncio.open_connection(*address, limit=MAX_LINE)
             try:
                 writer.write(json.dumps(request).encode() + b"\n")
                 await writer.drain()
@@ -119,11 +178,26 @@ async def call(path: str, request: dict[str, Any], *, wait: float) -> None:
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
     except (OSError, TimeoutError) as exc:
-        raise ControlError(f"control channel {path}: {exc or type(exc).__name__}") from exc
+        raise ControlError(f"control channel {channel}: {exc or type(exc).__name__}") from exc
     try:
         answer = json.loads(line)
     except ValueError as exc:
-        raise ControlError(f"control channel {path}: no answer") from exc
+        raise ControlError(f"control channel {channel}: no answer") from exc
     if not isinstance(answer, dict) or answer.get("ok") is not True:
         error = answer.get("error") if isinstance(answer, dict) else answer
-        raise ControlError(f"control channel {path}: {error}")
+        raise ControlError(f"control channel {channel}: {error}")
+
+
+def _addressed(
+    channel: str, request: dict[str, Any], *, password: str | None
+) -> tuple[tuple[str, int] | None, dict[str, Any]]:
+    """Where to connect (None: the unix socket `channel`) and what to send there."""
+    try:
+        address = tcp_address(channel)
+    except ValueError as exc:
+        raise ControlError(str(exc)) from exc
+    if address is None:
+        return None, request
+    if not password:
+        raise ControlError(f"control channel {channel}: a tcp channel needs the proxy's password")
+    return address, {**request, "token": control_token(password)}

@@ -87,6 +87,19 @@ class ProxyEndpoint:
         )
 
 
+@dataclass(frozen=True)
+class ControlledEndpoint(ProxyEndpoint):
+    """An endpoint plus where its lease-user control channel listens (a unix socket path for `local`,
+    `tcp://NAME:PORT` for proxy pods; None: no lease users), exported as `control`."""
+
+    control: pulumi.Input[str | None] = None
+
+    def to_output(self) -> pulumi.Output[dict[str, Any]]:
+        return pulumi.Output.all(super().to_output(), self.control).apply(
+            lambda values: {**values[0], "control": values[1]}
+        )
+
+
 class ProxyComponent(pulumi.ComponentResource):
     """Parent of every resource of one proxy (type `proxy-operator:index:Proxy`, named `ns/name`)."""
 

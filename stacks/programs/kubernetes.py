@@ -3,7 +3,9 @@
 The container runs the project's own forward proxy (`stacks.forward_proxy`, the `local` provider's daemon)
 from the service's own image (`proxy-operator-forward-proxy`, docs/decisions.md "The proxy in pods and
 VMs"), on a JSON configuration mounted from the proxy's Secret (which also holds the credentials), so the
-root filesystem stays read-only. A Proxy that names a 3proxy image keeps 3proxy (`threeproxy.py`).
+root filesystem stays read-only. A Proxy that names a 3proxy image keeps 3proxy (`threeproxy.py`). With the
+service in the cluster and credentials, the forward proxy also takes lease users on a control port behind a
+headless Service (`kube_control.py`).
 Source ranges are enforced three times: the proxy's own check, a NetworkPolicy, and
 `loadBalancerSourceRanges`. The egress policy twice: the proxy (on the resolved address, with the same
 policy code as `local`) and the NetworkPolicy's egress rules. The Secret is replaced (new name) whenever its
@@ -32,7 +34,7 @@ import pulumi_kubernetes as k8s
 from stacks.egress import denied_ranges
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.models import EgressSpec, KubernetesProvider
-from stacks.programs import threeproxy
+from stacks.programs import kube_control, threeproxy
 from stacks.programs.component import (
     ProxyEndpoint,
     kubernetes_labels,
@@ -65,9 +67,9 @@ def container_port(port: int) -> int:
     return port if port >= 1024 else UNPRIVILEGED_PORT
 
 
-def forward_proxy_config(settings: ProxySettings) -> str:
+def forward_proxy_config(settings: ProxySettings, *, control: str | None = None) -> str:
     """The forward proxy's configuration file (stacks/forward_proxy/config.py) for a pod: every address
-    of the pod on the container port; no control channel (lease users on pods: docs/security.md)."""
+    of the pod on the container port; `control`: its lease users' channel (`kube_control.py`)."""
     creds = settings.credentials
     config = ProxyConfig(
         bind="0.0.0.0",
@@ -77,6 +79,7 @@ def forward_proxy_config(settings: ProxySettings) -> str:
         sources=settings.allowed_source_ranges,
         username=creds.username if creds else None,
         password=creds.password if creds else None,
+        control=control,
     )
     return json.dumps(config.to_json(), sort_keys=True) + "\n"
 
@@ -88,11 +91,12 @@ def _daemon(image: str) -> tuple[list[str], str, str]:
     return [DAEMON, f"{CONFIG_DIR}/{CONFIG_KEY}"], CONFIG_DIR, CONFIG_KEY
 
 
-def daemon_config(image: str, settings: ProxySettings) -> dict[str, str]:
-    """The Secret's entry holding the daemon's configuration, for the daemon `image` runs."""
+def daemon_config(image: str, settings: ProxySettings, *, control: str | None = None) -> dict[str, str]:
+    """The Secret's entry holding the daemon's configuration, for the daemon `image` runs (3proxy: never a
+    control channel)."""
     if threeproxy.is_threeproxy(image):
         return {threeproxy.CONFIG_KEY: threeproxy.config(settings, listen_port=container_port(settings.port))}
-    return {CONFIG_KEY: forward_proxy_config(settings)}
+    return {CONFIG_KEY: forward_proxy_config(settings, control=control)}
 
 
 def provider(entry: KubernetesProvider, settings: ProgramSettings) -> k8s.Provider:
@@ -113,10 +117,10 @@ def provider(entry: KubernetesProvider, settings: ProgramSettings) -> k8s.Provid
 
 
 def _secret(
-    ctx: ProxyContext, *, meta: dict[str, Any], image: str, opts: pulumi.ResourceOptions
+    ctx: ProxyContext, *, meta: dict[str, Any], image: str, control: str | None, opts: pulumi.ResourceOptions
 ) -> k8s.core.v1.Secret:
     def data(settings: ProxySettings) -> dict[str, str]:
-        values = daemon_config(image, settings)
+        values = daemon_config(image, settings, control=control)
         if settings.credentials:
             values |= {"username": settings.credentials.username, "password": settings.credentials.password}
         return values
@@ -134,15 +138,16 @@ def _secret(
     )
 
 
-def _container(ctx: ProxyContext, block: Any) -> dict[str, Any]:
+def _container(ctx: ProxyContext, block: Any, *, control: bool) -> dict[str, Any]:
     port = container_port(ctx.proxy.spec.port)
     probe = {"tcpSocket": {"port": port}, "periodSeconds": 10}
     command, config_dir, _ = _daemon(block.image)
+    ports = [{"name": "proxy", "containerPort": port, "protocol": "TCP"}]
     return {
         "name": "proxy",
         "image": block.image,
         "command": command,
-        "ports": [{"name": "proxy", "containerPort": port, "protocol": "TCP"}],
+        "ports": ports + ([kube_control.container_port(port)] if control else []),
         "readinessProbe": {**probe, "initialDelaySeconds": 2},
         "livenessProbe": {**probe, "initialDelaySeconds": 10},
         "resources": block.resources,
@@ -167,12 +172,13 @@ def _deployment(
     pod_labels: dict[str, str],
     secret: k8s.core.v1.Secret,
     block: Any,
+    control: bool,
     opts: pulumi.ResourceOptions,
 ) -> k8s.apps.v1.Deployment:
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "fsGroup": RUN_AS},
-        "containers": [_container(ctx, block)],
+        "containers": [_container(ctx, block, control=control)],
         "volumes": [{"name": "config", "secret": {"secretName": secret.metadata.name, "defaultMode": 0o440}}],
     }
     spec: dict[str, Any] = {
@@ -233,11 +239,19 @@ def _egress_rules(policy: EgressSpec) -> list[dict[str, Any]]:
 def _probe_rule(pods: ProbePods) -> dict[str, Any]:
     """The health probe's way to the service's own pods (the probe URL's ClusterIP is DNATed to them
     before the policy judges the packet, so its ipBlock allow never matches there)."""
-    peer = {
-        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": pods.namespace}},
-        "podSelector": {"matchLabels": dict(pods.labels)},
-    }
-    return {"to": [peer], "ports": [{"port": pods.port, "protocol": "TCP"}]}
+    return {"to": [kube_control.service_pods(pods)], "ports": [{"port": pods.port, "protocol": "TCP"}]}
+
+
+def _ingress_rules(ctx: ProxyContext, *, probe_pods: ProbePods | None, control: bool) -> list[dict[str, Any]]:
+    """The proxy port from the source ranges (from anyone without ranges: credentials are then required),
+    and the control port from the service's pods only. Empty: no Ingress policy (the proxy port is open)."""
+    ranges, port = ctx.proxy.spec.allowed_source_ranges, container_port(ctx.proxy.spec.port)
+    proxy_rule: dict[str, Any] = {"ports": [{"port": port, "protocol": "TCP"}]}
+    if ranges:
+        proxy_rule = {"from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges], **proxy_rule}
+    if control and probe_pods is not None:
+        return [proxy_rule, kube_control.ingress_rule(probe_pods, proxy_port=port)]
+    return [proxy_rule] if ranges else []
 
 
 def _network_policy(
@@ -246,23 +260,18 @@ def _network_policy(
     meta: dict[str, Any],
     selector: dict[str, str],
     probe_pods: ProbePods | None,
+    control: bool,
     opts: pulumi.ResourceOptions,
 ) -> None:
-    ranges = ctx.proxy.spec.allowed_source_ranges
     egress = _egress_rules(ctx.egress) + ([_probe_rule(probe_pods)] if probe_pods else [])
     spec: dict[str, Any] = {
         "podSelector": {"matchLabels": selector},
         "policyTypes": ["Egress"],
         "egress": egress,
     }
-    if ranges:  # without ranges the proxy port stays open to all (credentials are then required)
+    if ingress := _ingress_rules(ctx, probe_pods=probe_pods, control=control):
         spec["policyTypes"] = ["Ingress", "Egress"]
-        spec["ingress"] = [
-            {
-                "from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges],
-                "ports": [{"port": container_port(ctx.proxy.spec.port), "protocol": "TCP"}],
-            }
-        ]
+        spec["ingress"] = ingress
     k8s.networking.v1.NetworkPolicy(ctx.proxy.key, metadata=cast(Any, meta), spec=cast(Any, spec), opts=opts)
 
 
@@ -304,9 +313,18 @@ def _proxy(
         "annotations": provider_annotations(),
     }
     opts = pulumi.ResourceOptions(parent=ctx.component, provider=k8s_provider)
-    secret = _secret(ctx, meta=meta, image=block.image, opts=opts)
+    control, port = kube_control.enabled(ctx, settings, image=block.image), container_port(spec.port)
+    listen = kube_control.listen(port) if control else None
+    secret = _secret(ctx, meta=meta, image=block.image, control=listen, opts=opts)
     deployment = _deployment(
-        ctx, meta=meta, selector=selector, pod_labels=pod_labels, secret=secret, block=block, opts=opts
+        ctx,
+        meta=meta,
+        selector=selector,
+        pod_labels=pod_labels,
+        secret=secret,
+        block=block,
+        control=control,
+        opts=opts,
     )
     # After the rollout: the new pods serve the new port before the Service publishes it (a port change
     # then costs a client only the switch to the new port, never a refused connection on the old one).
@@ -317,9 +335,17 @@ def _proxy(
         block=block,
         opts=pulumi.ResourceOptions.merge(opts, pulumi.ResourceOptions(depends_on=[deployment])),
     )
-    _network_policy(ctx, meta=meta, selector=selector, probe_pods=settings.probe_pods, opts=opts)
+    _network_policy(
+        ctx, meta=meta, selector=selector, probe_pods=settings.probe_pods, control=control, opts=opts
+    )
     host = _published_host(service, name=name, namespace=entry.namespace, service_type=block.service_type)
-    return ProxyEndpoint(host=host, port=spec.port, protocol=spec.protocol.value, instance_id=deployment.id)
+    endpoint = ProxyEndpoint(
+        host=host, port=spec.port, protocol=spec.protocol.value, instance_id=deployment.id
+    )
+    if not control:
+        return endpoint  # no `control` key: leases share the proxy's credentials
+    kube_control.headless_service(ctx.proxy, meta=meta, selector=selector, proxy_port=port, opts=opts)
+    return kube_control.with_control(endpoint, ctx.proxy, namespace=entry.namespace, proxy_port=port)
 
 
 def build(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +39,7 @@ from stacks.forward_proxy.control import socket_path
 from stacks.models import EgressSpec, LocalProvider
 from stacks.programs import local_process as proc
 from stacks.programs import local_reload
-from stacks.programs.component import ProxyEndpoint, child_opts
+from stacks.programs.component import ControlledEndpoint, ProxyEndpoint, child_opts
 from stacks.programs.context import ProgramSettings, ProxyContext
 
 # A new process: what it listens on and speaks. Egress, allowed sources and credentials are edited in place
@@ -167,18 +166,6 @@ class LocalProxy(Resource, module="proxy-operator", name="LocalProxy"):
         )
 
 
-@dataclass(frozen=True)
-class LocalEndpoint(ProxyEndpoint):
-    """A local proxy's endpoint, plus where its control channel listens (None: no lease users)."""
-
-    control: pulumi.Input[str | None] = None
-
-    def to_output(self) -> pulumi.Output[dict[str, Any]]:
-        return pulumi.Output.all(super().to_output(), self.control).apply(
-            lambda values: {**values[0], "control": values[1]}
-        )
-
-
 def state_dir(entry: LocalProvider, settings: ProgramSettings) -> Path:
     return Path(entry.state_dir) if entry.state_dir else Path(settings.root_dir) / ".state" / "local-proxies"
 
@@ -199,7 +186,7 @@ def _proxy(entry: LocalProvider, ctx: ProxyContext, settings: ProgramSettings) -
         "sources": list(spec.allowed_source_ranges),
     }
     process = LocalProxy(ctx.proxy.key, props, child_opts(ctx.component))
-    return LocalEndpoint(
+    return ControlledEndpoint(  # every local endpoint has the key, None without credentials
         host=proc.probe_host(bind),
         port=spec.port,
         protocol=spec.protocol.value,

@@ -24,7 +24,9 @@ class Channel:
         self.sent: list[tuple[str, str]] = []
         self.down = down
 
-    async def __call__(self, path: str, request: dict[str, Any], *, wait: float) -> None:
+    async def __call__(
+        self, path: str, request: dict[str, Any], *, wait: float, password: str | None = None
+    ) -> None:
         if path in self.down:
             raise ControlError(f"{path}: gone")
         self.sent.append((request["op"], request["user"]))

@@ -1,0 +1,46 @@
+"""What names a control channel (control.py), and the token a `tcp://` channel's requests carry.
+
+A channel is a unix socket path (the `local` provider's proxies) or `tcp://HOST:PORT` (a proxy pod's, which
+the service reaches from its own pods). Over TCP every request carries `control_token(password)`:
+HMAC-SHA256 keyed with the proxy's own password over a fixed message, hex. The service holds every proxy's
+own credentials (the stack outputs) and derives it without another secret to publish; a lease user, who is
+never given the proxy's password on a proxy with a channel, cannot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from urllib.parse import urlsplit
+
+TCP_SCHEME = "tcp://"
+TOKEN_MESSAGE = b"proxy-operator control"
+
+
+def control_token(password: str) -> str:
+    return hmac.new(password.encode(), TOKEN_MESSAGE, hashlib.sha256).hexdigest()
+
+
+def token_matches(given: object, password: str) -> bool:
+    """Is `given` the channel's token? In constant time; anything but an ASCII string is not."""
+    return isinstance(given, str) and given.isascii() and hmac.compare_digest(given, control_token(password))
+
+
+def tcp_address(channel: str) -> tuple[str, int] | None:
+    """(host, port) of a `tcp://HOST:PORT` channel; None for a unix socket path; ValueError for a `tcp://`
+    channel that is not just a host and a port."""
+    if not channel.startswith(TCP_SCHEME):
+        return None
+    try:
+        parts = urlsplit(channel)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # a port out of range or not a number
+        raise ValueError(f"control {channel!r}: tcp://HOST:PORT ({exc})") from exc
+    if not host or port is None or parts.path or parts.query or parts.fragment or parts.username:
+        raise ValueError(f"control {channel!r}: tcp://HOST:PORT")
+    return host, port
+
+
+def tcp_channel(host: str, port: int) -> str:
+    """`tcp://HOST:PORT`, an IPv6 address in brackets."""
+    return f"{TCP_SCHEME}[{host}]:{port}" if ":" in host else f"{TCP_SCHEME}{host}:{port}"
