@@ -78,7 +78,8 @@ def service_pods(pods: ProbePods) -> dict[str, Any]:
 
 def ingress_rule(pods: ProbePods, *, proxy_port: int) -> dict[str, Any]:
     """The control port, from the service's pods only."""
-    return {"from": [service_pods(pods)], "ports": [{"port": control_port(proxy_port), "protocol": "TCP"}]}
+    del proxy_port  # the port is named: each pod's own (they differ while a port change rolls)
+    return {"from": [service_pods(pods)], "ports": [{"port": "control", "protocol": "TCP"}]}
 
 
 def headless_service(

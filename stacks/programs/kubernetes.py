@@ -246,7 +246,9 @@ def _ingress_rules(ctx: ProxyContext, *, probe_pods: ProbePods | None, control: 
     """The proxy port from the source ranges (from anyone without ranges: credentials are then required),
     and the control port from the service's pods only. Empty: no Ingress policy (the proxy port is open)."""
     ranges, port = ctx.proxy.spec.allowed_source_ranges, container_port(ctx.proxy.spec.port)
-    proxy_rule: dict[str, Any] = {"ports": [{"port": port, "protocol": "TCP"}]}
+    # By name, as the Service targets it: during a rollout that changes the port the old pod's and the new
+    # pod's ports are both admitted (a number would cut the old pod off as soon as the policy changes).
+    proxy_rule: dict[str, Any] = {"ports": [{"port": "proxy", "protocol": "TCP"}]}
     if ranges:
         proxy_rule = {"from": [{"ipBlock": {"cidr": cidr}} for cidr in ranges], **proxy_rule}
     if control and probe_pods is not None:

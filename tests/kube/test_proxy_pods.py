@@ -302,7 +302,8 @@ def test_a_port_change_rolls_the_pod_while_a_client_keeps_fetching(
         asyncio.run(fleet.run(scenario))
     loop: ClientLoop = seen["loop"]
     print(f"\n[figures] port change: {len(loop.ok)} requests served ({loop.ok.count(8081)} on the new port), "
-          f"{len(loop.failed)} failed, {loop.unpublished} rounds without a published address")  # fmt: skip
+          f"{len(loop.failed)} failed, {loop.unpublished} rounds without a published address; "
+          f"failures: {loop.failed[:8]}")  # fmt: skip
     assert seen["generation"][1] > seen["generation"][0], "the Deployment rolled"
     assert 8080 in loop.ok
     assert 8081 in loop.ok, "the new port serves once published"

@@ -86,6 +86,13 @@ def healthy(service: ServiceInNode, name: str) -> bool:
     return found.get("Ready", {}).get("status") == "True" and found.get("Healthy", {}).get("status") == "True"
 
 
+def lease_from(api: httpx.Client, target: str) -> dict[str, Any]:
+    answer = api.post("/v1/leases", json={"target": target, "wait": 10})
+    assert answer.status_code == 200, answer.text
+    [lease] = answer.json()["leases"]
+    return dict(lease)
+
+
 def proxy_pods(service: ServiceInNode, name: str) -> list[Any]:
     selector = f"crawl.example.com/proxy-name={name}"
     return [
@@ -117,19 +124,24 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
         # learnt by the probe through the pod: the echo sees the proxy pod's own address
         assert seen["health"]["egressIp"] == pod.status.pod_ip, (replica.metadata.name, seen)
     with service.client() as api:
-        answer = api.post("/v1/leases", json={"target": "site.test"})
-        assert answer.status_code == 200, answer.text
-        [lease] = answer.json()["leases"]
-    assert lease["host"] == "px-crawl-pod-1.proxies.svc.cluster.local"
-    address = resolves(lease["host"], server=kube_node.dns_ip)
-    assert address, "the published name resolves in the cluster"
-    proxy_url = lease["url"].replace(lease["host"], address)
-    with httpx.Client(proxy=proxy_url, timeout=10, trust_env=False) as crawler:
-        page = crawler.get(f"http://{kube_node.host_ip}:{web_port}/")
-        assert (page.status_code, page.content) == (200, BODY)
-    bare = f"http://{address}:{lease['port']}"
+        leases = [lease_from(api, target) for target in ("site.test", "other.test")]
+    page = f"http://{kube_node.host_ip}:{web_port}/"
+    for lease in leases:  # through the Service: each replica answers some; both push lease users
+        assert lease["host"] == "px-crawl-pod-1.proxies.svc.cluster.local"
+        # The service runs in the cluster, so it reaches the pod's control port: a user of the lease's own.
+        assert lease["credentialsScope"] == "lease", lease
+        address = resolves(lease["host"], server=kube_node.dns_ip)
+        assert address, "the published name resolves in the cluster"
+        proxy_url = lease["url"].replace(lease["host"], address)
+        with httpx.Client(proxy=proxy_url, timeout=10, trust_env=False) as crawler:
+            answer = crawler.get(page)
+            assert (answer.status_code, answer.content) == (200, BODY)
+            with service.client() as api:
+                assert api.delete(f"/v1/leases/{lease['leaseId']}").status_code in (200, 204)
+            assert crawler.get(page).status_code == 407, "a released lease's user is refused"
+    bare = f"http://{address}:{leases[0]['port']}"
     with httpx.Client(proxy=bare, timeout=10, trust_env=False) as anonymous:
-        assert anonymous.get(f"http://{kube_node.host_ip}:{web_port}/").status_code == 407
+        assert anonymous.get(page).status_code == 407
 
 
 def test_a_rollout_restart_of_the_service_hands_the_lease_over_with_no_destroy_and_no_second_up(

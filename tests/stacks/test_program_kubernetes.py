@@ -191,7 +191,7 @@ def test_network_policy_admits_only_the_ranges_on_the_proxy_port(mocks: Recordin
     assert rules["policyTypes"] == ["Ingress", "Egress"]
     assert rules["podSelector"] == {"matchLabels": {"app.kubernetes.io/instance": "px-crawl-a"}}
     assert rules["ingress"] == [
-        {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 8080, "protocol": "TCP"}]}
+        {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": "proxy", "protocol": "TCP"}]}
     ]
 
 

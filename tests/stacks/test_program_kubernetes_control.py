@@ -78,8 +78,8 @@ def test_in_the_cluster_the_pods_listen_for_control_behind_a_headless_service(mo
     policy = mocks.one(POLICY).inputs["spec"]
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     assert policy["ingress"] == [
-        {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": 8080, "protocol": "TCP"}]},
-        {"from": [SERVICE_PODS], "ports": [{"port": 9178, "protocol": "TCP"}]},
+        {"from": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [{"port": "proxy", "protocol": "TCP"}]},
+        {"from": [SERVICE_PODS], "ports": [{"port": "control", "protocol": "TCP"}]},
     ]
 
 
@@ -91,8 +91,8 @@ def test_without_ranges_the_proxy_port_stays_open_and_control_is_the_service_pod
 
     assert policy["policyTypes"] == ["Ingress", "Egress"]
     assert policy["ingress"] == [
-        {"ports": [{"port": 3128, "protocol": "TCP"}]},  # no `from`: every source (credentials required)
-        {"from": [SERVICE_PODS], "ports": [{"port": 9178, "protocol": "TCP"}]},
+        {"ports": [{"port": "proxy", "protocol": "TCP"}]},  # no `from`: every source (credentials required)
+        {"from": [SERVICE_PODS], "ports": [{"port": "control", "protocol": "TCP"}]},
     ]
 
 
@@ -103,7 +103,7 @@ def test_a_proxy_on_the_control_port_moves_control_to_the_next(mocks: RecordingM
     assert config(mocks).control == "tcp://0.0.0.0:9179"
     assert [p["containerPort"] for p in ports(mocks)] == [9178, 9179]
     assert outputs["proxies"]["crawl/a"]["control"].endswith(":9179")
-    assert mocks.one(POLICY).inputs["spec"]["ingress"][1]["ports"] == [{"port": 9179, "protocol": "TCP"}]
+    assert mocks.one(POLICY).inputs["spec"]["ingress"][1]["ports"] == [{"port": "control", "protocol": "TCP"}]
 
 
 def test_a_long_name_keeps_the_control_service_a_dns_label(mocks: RecordingMocks) -> None:
