@@ -29,7 +29,7 @@ POD_TIMEOUT = 60.0
 def program_security() -> tuple[dict[str, Any], dict[str, Any]]:
     """The pod and container securityContext the kubernetes program gives a proxy pod."""
     ctx = SimpleNamespace(proxy=SimpleNamespace(spec=SimpleNamespace(port=8080)))
-    container = program._container(ctx, SimpleNamespace(image=BUSYBOX_IMAGE, resources={}))  # type: ignore[arg-type]
+    container = program._container(ctx, SimpleNamespace(image=BUSYBOX_IMAGE, resources={}), control=False)  # type: ignore[arg-type]
     return {"runAsNonRoot": True, "fsGroup": program.RUN_AS}, container["securityContext"]
 
 
