@@ -75,6 +75,25 @@ def rolled_out(objects: ClusterObjects, name: str) -> bool:
     )
 
 
+GARBAGE_COLLECTOR = "generic-garbage-collector"
+
+
+def deployment_writers(log: Path, *, offset: int) -> set[tuple[str, str]]:
+    """(user, Deployment name) of each completed patch or update of a Deployment (not its status) logged
+    after `offset` bytes of the audit log."""
+    with log.open() as lines:
+        lines.seek(offset)
+        entries = [json.loads(line) for line in lines if line.strip()]
+    return {
+        (e["user"]["username"], e["objectRef"].get("name", ""))
+        for e in entries
+        if e["stage"] == "ResponseComplete"
+        and e.get("objectRef", {}).get("resource") == "deployments"
+        and not e["objectRef"].get("subresource")
+        and e["verb"] in ("patch", "update")
+    }
+
+
 @on_node
 def test_up_creates_each_proxys_objects_with_the_hardened_pod_spec_and_its_pod_is_ready(
     node_fleet: KubeFleet, node_objects: ClusterObjects, node_target: str, operator_image: str
@@ -188,11 +207,13 @@ def test_a_port_change_replaces_only_the_secret_and_rolls_the_pod(
 
 @on_node
 def test_a_removed_proxy_loses_its_objects_and_pods_and_its_neighbour_keeps_them(
-    node_fleet: KubeFleet, node_objects: ClusterObjects
+    node_fleet: KubeFleet, node_objects: ClusterObjects, kube_node: KubeNode
 ) -> None:
     """Deletion in the foreground: the provider's delete returns once the garbage collector removed the
     Deployment's ReplicaSet and its pod, so after the `up` no pod with the proxy's labels is left, not even
-    a terminating one."""
+    a terminating one. That alone would hold with a background deletion too (the `up` goes on deleting the
+    Secret and NetworkPolicy meanwhile): the audit log shows the foreground, the garbage collector taking
+    its `foregroundDeletion` finalizer off the Deployment once the dependents were gone."""
     objects = node_objects
     node_fleet.write_proxy("stay", port=8080)
     node_fleet.write_proxy("go", port=8081)
@@ -206,10 +227,13 @@ def test_a_removed_proxy_loses_its_objects_and_pods_and_its_neighbour_keeps_them
         assert len(running(objects, "px-crawl-go")) == 1
 
         node_fleet.remove_proxy("go")
+        start = kube_node.files.audit_log.stat().st_size
         await node_fleet.apply(controller)
 
         assert not objects.anything_of("px-crawl-go")
         assert objects.pods(labels) == []
+        collector = f"system:serviceaccount:kube-system:{GARBAGE_COLLECTOR}"
+        assert (collector, "px-crawl-go") in deployment_writers(kube_node.files.audit_log, offset=start)
         assert objects.uids("px-crawl-stay") == kept
         assert [p.metadata.uid for p in running(objects, "px-crawl-stay")] == [staying.metadata.uid]
         assert [e.reason for e in controller.status.events("crawl/go")][-1] == "Released"
