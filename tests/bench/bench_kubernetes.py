@@ -1,13 +1,17 @@
-"""Benchmark: one `up` of a kubernetes stack with 20 Proxies against a real API server vs. the same program
-under Pulumi mocks.
+"""Benchmark: one `up` of a kubernetes stack with 20 Proxies on a real cluster vs. the same program under
+Pulumi mocks.
 
 Prints figures and the ratio; asserts nothing about time. The real side is the service's `Engine` (Pulumi CLI,
 language host, the pulumi-resource-kubernetes plugin from .tools/bin) creating each proxy's Secret,
-Deployment, Service and NetworkPolicy on the tests' etcd + kube-apiserver (tests/kube/apiserver.py; built by
-`make kube-tools`), with the test-only PROXY_OPERATOR_K8S_BARE_APISERVER=1 (no kubelet there: no await, and
-background deletion). Then an `up` with nothing to change and the `destroy`, for scale. The mocked side runs
-the same program in this process with `pulumi.runtime.set_mocks` (tests/stacks/program_harness.py), as the
-unit tests do: it shows what the mocks leave out (the CLI, the plugins, the API server's round trips).
+Deployment, Service and NetworkPolicy on the test node (tests/kube/node.py; its parts from `make kube-tools`),
+whose proxy pods run the service's image (`make image`, tests/kube/operator_image.py, imported into the node).
+The provider awaits as it does by default, so the `up` includes the 20 rollouts (each pod Ready) and the
+Services' endpoints; the `destroy` deletes in the foreground, so it includes the pods' termination. Then an
+`up` with nothing to change, for scale. The node's start and the image's build and import are timed apart
+and left out of the ratio. Only one test node runs on a machine at a time: this waits for another session's.
+The mocked side runs the same program in this process with `pulumi.runtime.set_mocks`
+(tests/stacks/program_harness.py), as the unit tests do: it shows what the mocks leave out (the CLI, the
+plugins, the API server's round trips, the pods).
 """
 
 from __future__ import annotations
@@ -20,8 +24,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -29,13 +34,15 @@ sys.path.insert(0, str(ROOT))
 from kubernetes import client as kube_client  # noqa: E402
 
 from automation.engine import Engine, EngineConfig, StackInput  # noqa: E402
-from stacks.models import KubernetesProvider  # noqa: E402
+from stacks.models import DEFAULT_KUBERNETES_IMAGE, KubernetesProvider  # noqa: E402
 from stacks.programs.context import ProgramSettings  # noqa: E402
-from stacks.programs.kubernetes import BARE_APISERVER_ENV  # noqa: E402
-from tests.kube.apiserver import running_apiserver  # noqa: E402
+from tests.kube.node import running_node  # noqa: E402
+from tests.kube.operator_image import build_archive  # noqa: E402
+from tests.kube.pods import create_namespace  # noqa: E402
 from tests.stacks.program_harness import RecordingMocks, install, proxy, run  # noqa: E402
 
 PROXIES, NAMESPACE, STACK = 20, "bench", "bench"
+IMAGE = DEFAULT_KUBERNETES_IMAGE  # the proxies' default image: the service's own
 T = TypeVar("T")
 ENTRY = {"name": STACK, "type": "kubernetes", "namespace": NAMESPACE}
 
@@ -55,15 +62,27 @@ def stack_input() -> StackInput:
     )
 
 
-def bench_real(tmp: Path) -> tuple[float, float, float, dict[str, int]]:
+@dataclass
+class RealFigures:
+    node: float  # the node's start (KubeNode.ready_after: without waiting for another session's node)
+    image: float  # the image's build (cached layers) and import
+    created: float
+    unchanged: float
+    destroyed: float
+    changes: dict[str, int]
+
+
+def bench_real(tmp: Path) -> RealFigures:
     os.environ["PATH"] = f"{ROOT / '.tools' / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}"
     os.environ["PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION"] = "true"
-    os.environ[BARE_APISERVER_ENV] = "1"
-    (tmp / "kube").mkdir()
-    with running_apiserver(tmp / "kube") as api:
-        os.environ["KUBECONFIG"] = str(api.kubeconfig)
-        with api.client() as client:
-            kube_client.CoreV1Api(client).create_namespace({"metadata": {"name": NAMESPACE}})
+    (tmp / "node").mkdir()
+    with running_node(tmp / "node", say=lambda line: print(f"[node] {line}", flush=True)) as node:
+        booted, node_ready = time.perf_counter(), node.ready_after
+        node.load_image(build_archive(say=lambda line: print(f"[image] {line}", flush=True)), name=IMAGE)
+        loaded = time.perf_counter()
+        os.environ["KUBECONFIG"] = str(node.kubeconfig)
+        with node.client() as client:
+            create_namespace(kube_client.CoreV1Api(client), NAMESPACE)
         (tmp / "backend").mkdir()
         config = EngineConfig(
             backend_url=(tmp / "backend").as_uri(),
@@ -74,12 +93,27 @@ def bench_real(tmp: Path) -> tuple[float, float, float, dict[str, int]]:
         engine = Engine(config)
         spec = stack_input()
         created, result = _timed(lambda: engine.up(spec))
+        with node.client() as client:
+            ready = [d.status.ready_replicas for d in _deployments(client)]
+        assert ready == [1] * PROXIES, f"the up returned before every pod was Ready: {ready}"
         unchanged, _ = _timed(lambda: engine.up(spec))
         destroyed, _ = _timed(lambda: engine.destroy(STACK))
-        with api.client() as client:
-            left = kube_client.AppsV1Api(client).list_namespaced_deployment(NAMESPACE).items
-        assert not left, "destroy left Deployments behind"
-    return created, unchanged, destroyed, dict(result.changes)
+        with node.client() as client:
+            assert not _deployments(client), "destroy left Deployments behind"
+            pods = kube_client.CoreV1Api(client).list_namespaced_pod(NAMESPACE).items
+            assert not pods, "destroy returned before the pods were gone"
+    return RealFigures(
+        node=node_ready,
+        image=loaded - booted,
+        created=created,
+        unchanged=unchanged,
+        destroyed=destroyed,
+        changes=dict(result.changes),
+    )
+
+
+def _deployments(client: kube_client.ApiClient) -> list[Any]:
+    return list(kube_client.AppsV1Api(client).list_namespaced_deployment(NAMESPACE).items)
 
 
 def bench_mocks(rounds: int = 3) -> tuple[float, int]:
@@ -106,16 +140,18 @@ def _timed(fn: Callable[[], T]) -> tuple[float, T]:
 
 def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-kubernetes-") as tmp:
-        created, unchanged, destroyed, changes = bench_real(Path(tmp))
+        real = bench_real(Path(tmp))
     mocked, registered = bench_mocks()
+    print(f"test node started in {real.node:.1f} s; image built and imported in {real.image:.1f} s")
     print(
-        f"kubernetes stack, {PROXIES} proxies, real API server: up {created:.2f} s ({changes}), "
-        f"up with nothing to change {unchanged:.2f} s, destroy {destroyed:.2f} s"
+        f"kubernetes stack, {PROXIES} proxies, test node: up {real.created:.2f} s ({real.changes}; "
+        f"pods Ready), up with nothing to change {real.unchanged:.2f} s, destroy {real.destroyed:.2f} s "
+        "(pods gone)"
     )
     print(
         f"same program under mocks: {mocked * 1000:.0f} ms (median of 3; {registered} resources registered)"
     )
-    print(f"ratio real up / mocks: {created / mocked:.0f}x")
+    print(f"ratio real up / mocks: {real.created / mocked:.0f}x")
 
 
 if __name__ == "__main__":

@@ -1,29 +1,39 @@
-"""Fixtures of the tests against a real Kubernetes API server (etcd + kube-apiserver on loopback).
+"""Fixtures of the tests against a real Kubernetes API server (etcd + kube-apiserver on loopback) and of the
+tests against the single-node cluster (tests/kube/node.py).
 
 `kube_api` starts both once per session, installs every CRD in crds/ and hands out a `KubeApi` (its
 `kubeconfig` is a file path); `kube_client` is a ready `kubernetes` ApiClient and `dynamic` a dynamic client
-on it. When a part is missing or does not start, the tests that use them fail (not skip) with what to do: a
-missing apiserver is a broken install.
+on it. `kube_node` starts the node once per session, `operator_image` imports the service's image into it;
+`node_api`, `node_target` (a namespace of the test's own, deleted after it), `node_fleet` (the real engine
+and Kubernetes plugin driven over a manifests folder, as the node's admin) and `node_objects` are what a test
+of the kubernetes program on the node uses. When a part is missing or does not start, the tests that use
+them fail (not skip) with what to do: a missing apiserver is a broken install.
 """
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import pytest
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, CoreV1Api
 from kubernetes.dynamic import DynamicClient
 from kubernetes.dynamic.exceptions import DynamicApiError
 
 from stacks.models import DEFAULT_KUBERNETES_IMAGE
-from tests.kube.apiserver import ROOT, ApiServerUnavailable, KubeApi, running_apiserver
+from tests.conftest import PulumiEnv
+from tests.kube.apiserver import ROOT, TOOLS_BIN, ApiServerUnavailable, KubeApi, running_apiserver
 from tests.kube.manifests import dynamic_client, install_crds, refusal
 from tests.kube.node import KubeNode, NodeUnavailable, running_node
 from tests.kube.operator_image import ImageBuildFailed, build_archive
+from tests.kube.pods import create_namespace, delete_namespace
+from tests.kube.program_fleet import ClusterObjects, KubeFleet
 
 CRDS = ROOT / "crds"
+K8S_PLUGIN = TOOLS_BIN / "pulumi-resource-kubernetes"
 
 
 @pytest.fixture(scope="session")
@@ -60,8 +70,8 @@ def dynamic(kube_client: ApiClient, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.fixture(scope="session")
 def kube_node(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[KubeNode]:
-    """A whole single-node cluster (tests/kube/node.py), started once for the session on first use; only
-    tests/kube/test_node.py asks for it. It fails (never skips) when a part cannot start."""
+    """A whole single-node cluster (tests/kube/node.py), started once for the session on first use (the
+    tests marked `node`). It fails (never skips) when a part cannot start."""
     capture = pytestconfig.pluginmanager.getplugin("capturemanager")
 
     def say(line: str) -> None:
@@ -98,3 +108,46 @@ def operator_image(kube_node: KubeNode, pytestconfig: pytest.Config) -> str:
     if failure:
         pytest.fail(failure, pytrace=False)
     return DEFAULT_KUBERNETES_IMAGE
+
+
+@pytest.fixture
+def node_api(kube_node: KubeNode) -> Iterator[ApiClient]:
+    """A `kubernetes` ApiClient logged in as the node's admin (system:masters)."""
+    with kube_node.client() as client:
+        yield client
+
+
+@pytest.fixture
+def node_target(node_api: ApiClient) -> Iterator[str]:
+    """A namespace of the test's own on the node, pods allowed in it; deleted after the test."""
+    core = CoreV1Api(node_api)
+    name = f"px-{secrets.token_hex(4)}"
+    create_namespace(core, name)
+    yield name
+    delete_namespace(core, name)
+
+
+@pytest.fixture
+def node_fleet(
+    pulumi_env: PulumiEnv,
+    tmp_path: Path,
+    kube_node: KubeNode,
+    operator_image: str,
+    node_target: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> KubeFleet:
+    """A kubernetes entry `in-cluster` over the test node's API server as its admin (the ambient
+    KUBECONFIG), putting the proxies in `node_target`; the proxies' image is the default, the service's own,
+    imported into the node."""
+    if not K8S_PLUGIN.exists():
+        pytest.fail(
+            f"{K8S_PLUGIN} is missing: run `make kube-tools` (scripts/install-k8s-plugin.sh)", pytrace=False
+        )
+    monkeypatch.setenv("KUBECONFIG", str(kube_node.kubeconfig))
+    return KubeFleet(root=tmp_path, backend_url=pulumi_env.backend_url, namespace=node_target)
+
+
+@pytest.fixture
+def node_objects(node_api: ApiClient, node_target: str) -> ClusterObjects:
+    """What the program made in `node_target`, read as the node's admin."""
+    return ClusterObjects(node_api, node_target)

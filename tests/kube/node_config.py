@@ -84,6 +84,15 @@ class NodeFiles:
     def ca_file(self) -> Path:
         return self.certs / "apiserver.crt"
 
+    @property
+    def audit_policy(self) -> Path:
+        return self.workdir / "audit-policy.yaml"
+
+    @property
+    def audit_log(self) -> Path:
+        """kube-apiserver's audit log (JSON lines, Metadata level): what the tests' users asked of it."""
+        return self.workdir / "logs" / "audit.log"
+
 
 def write_node_config(workdir: Path, *, images: dict[str, str]) -> NodeFiles:
     """Every file the node's programs read, under `workdir`; `images` names the pause image ("pause")."""
@@ -117,7 +126,21 @@ def write_node_config(workdir: Path, *, images: dict[str, str]) -> NodeFiles:
     files.kubelet.write_text(yaml.safe_dump(kubelet_config(files)))
     files.kube_proxy.write_text(yaml.safe_dump(kube_proxy_config(files)))
     files.corefile.write_text(corefile(files))
+    files.audit_policy.write_text(yaml.safe_dump(audit_policy()))
     return files
+
+
+def audit_policy() -> dict[str, object]:
+    """Metadata level for every request once answered, except the node's own programs (USERS but admin) and
+    the apiserver's own loopback client, whose status updates, leases and watches would fill the log; the
+    controller-manager's controllers (ServiceAccounts of kube-system) are kept."""
+    components = [user for user in USERS if user != "admin"] + ["system:apiserver"]
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [{"level": "None", "users": components}, {"level": "Metadata"}],
+    }
 
 
 def write_kubeconfig(path: Path, url: str, certs: Path, token: str) -> Path:

@@ -35,6 +35,7 @@ def flags(name: str, f: NodeFiles) -> list[str]:
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--kubelet-preferred-address-types=InternalIP",
             f"--kubelet-client-certificate={f.kubelet_client_cert}",
             f"--kubelet-client-key={f.kubelet_client_key}",
+            f"--audit-policy-file={f.audit_policy}", f"--audit-log-path={f.audit_log}",
         ],
         "containerd": [f"--config={f.containerd}"],
         "kube-controller-manager": [

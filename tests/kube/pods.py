@@ -83,6 +83,15 @@ def run_to_end(
     return state.exit_code, core.read_namespaced_pod_log(name, namespace), pod
 
 
+def create_namespace(core: CoreV1Api, namespace: str, *, timeout: float = 30.0) -> None:
+    """A namespace that pods can run in: once the controller-manager gave it its default ServiceAccount."""
+    core.create_namespace({"metadata": {"name": namespace}})
+    deadline = time.monotonic() + timeout
+    while not core.list_namespaced_service_account(namespace).items:
+        assert time.monotonic() < deadline, f"namespace {namespace} got no default ServiceAccount"
+        time.sleep(0.2)
+
+
 def delete_namespace(core: CoreV1Api, namespace: str) -> None:
     try:
         core.delete_namespace(namespace, grace_period_seconds=0)

@@ -1,4 +1,4 @@
-"""Proxies of `type: kubernetes` catalogue entries, reconciled by the real engine against the test API server.
+"""Proxies of `type: kubernetes` catalogue entries, reconciled by the real engine against the test node.
 
 `KubeFleet` is the `local` tests' `Fleet` with kubernetes entries: the same manifests folder, controller and
 real engine (which records each `up`'s changes), with the provider plugin from .tools/bin.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,7 +22,6 @@ from service.controller import Controller
 from service.inventory import Inventory
 from service.sources.directory import DirectorySource
 from tests.automation.fleet import CountingEngine, Fleet, proxy_doc
-from tests.kube.apiserver import KubeApi
 
 SKIP_CLEANUP = "crawl.example.com/skip-cleanup"
 
@@ -124,6 +124,12 @@ class ClusterObjects:
     def anything_of(self, name: str) -> bool:
         return any(self.uids(name).values())
 
+    def pods(self, labels: dict[str, str]) -> list[Any]:
+        """The pods carrying all of `labels` (a Deployment's selector), terminating ones included."""
+        selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+        core = kube_client.CoreV1Api(self.api)
+        return list(core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
 
 def _or_none(read: Any) -> Any:
     try:
@@ -142,16 +148,14 @@ def create_namespace(api: kube_client.ApiClient, name: str) -> None:
             raise
 
 
-def kubeconfig_for(kube: KubeApi, *, user: str, token: str, namespace: str) -> str:
+def kubeconfig_for(*, url: str, ca_file: Path, user: str, token: str, namespace: str) -> str:
     """A self-contained kubeconfig (CA embedded, as one kept in a Secret must be) for a token."""
-    ca = base64.b64encode(kube.ca_file.read_bytes()).decode()
+    ca = base64.b64encode(ca_file.read_bytes()).decode()
     return yaml.safe_dump(
         {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [
-                {"name": "remote", "cluster": {"server": kube.url, "certificate-authority-data": ca}}
-            ],
+            "clusters": [{"name": "remote", "cluster": {"server": url, "certificate-authority-data": ca}}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [
                 {"name": "remote", "context": {"cluster": "remote", "user": user, "namespace": namespace}}

@@ -1,17 +1,17 @@
-"""`proxy-operator orphans` on a kubernetes entry, against the test API server with the real engine and the
-real Kubernetes provider plugin (tests/kube/conftest.py; no kubelet: PROXY_OPERATOR_K8S_BARE_APISERVER=1, as
-in test_kubernetes_program_engine.py).
+"""`proxy-operator orphans` on a kubernetes entry, against the test node (tests/kube/node.py) with the real
+engine and the real Kubernetes provider plugin (fixtures `node_fleet`, `node_objects` in conftest.py).
 
 One proxy is applied; then two Deployments are made by hand with our labels and no stack holding them: one
-with this installation's id, one with another's. `orphans` lists only the first (not the stack's objects,
-not the other installation's), and `--delete --yes` removes it and nothing else.
+with this installation's id, one with another's; both run a pod (the node's busybox). `orphans` lists only
+the first (not the stack's objects, not the other installation's), and `--delete --yes` removes it and
+nothing else; its pod follows (a background deletion: the node's garbage collector removes it).
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
-from pathlib import Path
+import time
+from collections.abc import Callable
 
 import pytest
 from kubernetes import client as kube_client
@@ -21,72 +21,66 @@ from typer.testing import CliRunner
 from service.cli import app
 from service.cli_orphans import find_orphans
 from stacks.marks import K8S_INSTALLATION
-from stacks.programs.kubernetes import BARE_APISERVER_ENV
-from tests.conftest import PulumiEnv
-from tests.kube.apiserver import TOOLS_BIN, KubeApi
-from tests.kube.program_fleet import ClusterObjects, KubeFleet, create_namespace
+from tests.kube.images import BUSYBOX_IMAGE
+from tests.kube.program_fleet import ClusterObjects, KubeFleet
 
-pytestmark = pytest.mark.engine
-
-PLUGIN = TOOLS_BIN / "pulumi-resource-kubernetes"
+pytestmark = [pytest.mark.engine, pytest.mark.node]
+GONE_WITHIN = 60.0
 
 
-@pytest.fixture
-def target(kube_client: ApiClient) -> str:
-    name = f"px-{secrets.token_hex(4)}"
-    create_namespace(kube_client, name)
-    return name
-
-
-@pytest.fixture
-def fleet(
-    pulumi_env: PulumiEnv, tmp_path: Path, kube_api: KubeApi, target: str, monkeypatch: pytest.MonkeyPatch
-) -> KubeFleet:
-    if not PLUGIN.exists():
-        pytest.fail(
-            f"{PLUGIN} is missing: run `make kube-tools` (scripts/install-k8s-plugin.sh)", pytrace=False
-        )
-    monkeypatch.setenv("KUBECONFIG", str(kube_api.kubeconfig))
-    monkeypatch.setenv(BARE_APISERVER_ENV, "1")
-    return KubeFleet(root=tmp_path, backend_url=pulumi_env.backend_url, namespace=target)
-
-
-def _stray(api: ApiClient, namespace: str, name: str, installation: str) -> None:
+def _stray(api: ApiClient, namespace: str, name: str, installation: str) -> dict[str, str]:
+    """A Deployment `name` with our labels, running one pod; its selector."""
     labels = {
         "app.kubernetes.io/managed-by": "proxy-operator",
         K8S_INSTALLATION: installation,
         "app.kubernetes.io/instance": name,
     }
-    pod = {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "proxy", "image": "3proxy"}]}}
+    container = {
+        "name": "proxy",
+        "image": BUSYBOX_IMAGE,
+        "imagePullPolicy": "Never",
+        "command": ["sleep", "3600"],
+    }
+    pod = {
+        "metadata": {"labels": labels},
+        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1},
+    }
+    selector = {"app.kubernetes.io/instance": name}
     body = {
         "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
-            "template": pod,
-        },
+        "spec": {"replicas": 1, "selector": {"matchLabels": selector}, "template": pod},
     }
     kube_client.AppsV1Api(api).create_namespaced_deployment(namespace, body)
+    return selector
+
+
+def wait_for(check: Callable[[], object], *, what: str, timeout: float = GONE_WITHIN) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"{what} not within {timeout:.0f} s"
+        time.sleep(0.5)
 
 
 def test_orphans_lists_only_this_installations_unheld_objects_and_deletes_them(
-    fleet: KubeFleet, kube_client: ApiClient, target: str
+    node_fleet: KubeFleet, node_objects: ClusterObjects, node_api: ApiClient, node_target: str
 ) -> None:
+    fleet, objects = node_fleet, node_objects
     fleet.write_proxy("web", port=8080)
     asyncio.run(fleet.run(lambda: _apply(fleet)))
     settings = fleet.settings()
     installation = settings.installation_name()
-    objects = ClusterObjects(kube_client, target)
     web = objects.deployment("px-crawl-web")
     assert web.metadata.labels[K8S_INSTALLATION] == installation
     assert K8S_INSTALLATION not in web.spec.template.metadata.labels  # no rollout when it was added
     assert find_orphans(settings, fleet.manifests) == []  # the stack holds all four of its objects
 
-    _stray(kube_client, target, "px-stray", installation)
-    _stray(kube_client, target, "px-foreign", "another-installation")
+    stray = _stray(node_api, node_target, "px-stray", installation)
+    foreign = _stray(node_api, node_target, "px-foreign", "another-installation")
+    wait_for(lambda: objects.pods(stray) and objects.pods(foreign), what="the strays' pods")
 
     [orphan] = find_orphans(settings, fleet.manifests)
-    assert (orphan.provider, orphan.kind, orphan.id) == ("in-cluster", "Deployment", f"{target}/px-stray")
+    assert (orphan.provider, orphan.kind) == ("in-cluster", "Deployment")
+    assert orphan.id == f"{node_target}/px-stray"
 
     args = ["orphans", "--manifests", str(fleet.manifests), "--state-dir", str(settings.state_dir)]
     refused = CliRunner().invoke(app, [*args, "--delete"], input="n\n")
@@ -94,12 +88,15 @@ def test_orphans_lists_only_this_installations_unheld_objects_and_deletes_them(
     assert objects.deployment("px-stray") is not None
     result = CliRunner().invoke(app, [*args, "--delete", "--yes"])
     assert result.exit_code == 0, result.output
-    assert f"in-cluster\tDeployment\t{target}/px-stray" in result.output
+    assert f"in-cluster\tDeployment\t{node_target}/px-stray" in result.output
     assert "deleted 1 orphan(s)" in result.output
     assert objects.deployment("px-stray") is None
+    wait_for(lambda: not objects.pods(stray), what="the garbage collector removing the orphan's pod")
     assert objects.deployment("px-foreign") is not None  # another installation's: not ours to judge
+    assert objects.pods(foreign)
     assert objects.deployment("px-crawl-web") is not None
     assert objects.service("px-crawl-web") is not None
+    assert objects.deployment("px-crawl-web").status.ready_replicas == 1
 
 
 async def _apply(fleet: KubeFleet) -> None:

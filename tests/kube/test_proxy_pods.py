@@ -13,14 +13,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import http.server
-import secrets
 import socket
 import struct
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,9 +26,8 @@ import pytest
 from kubernetes.client import ApiClient, CoreV1Api
 
 from service.controller import Controller
-from tests.conftest import PulumiEnv
 from tests.kube.node import KubeNode
-from tests.kube.pods import delete_namespace, probe_command, run_to_end, witness
+from tests.kube.pods import probe_command, run_to_end, witness
 from tests.kube.program_fleet import ClusterObjects, KubeFleet
 from tests.ports import free_port
 
@@ -61,44 +58,6 @@ def web_server(host: str, port: int) -> Iterator[http.server.ThreadingHTTPServer
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
-
-
-@pytest.fixture
-def node_api(kube_node: KubeNode) -> Iterator[ApiClient]:
-    with kube_node.client() as client:
-        yield client
-
-
-@pytest.fixture
-def target(node_api: ApiClient) -> Iterator[str]:
-    core = CoreV1Api(node_api)
-    name = f"px-{secrets.token_hex(4)}"
-    core.create_namespace({"metadata": {"name": name}})
-    deadline = time.monotonic() + 30  # pods need the namespace's default ServiceAccount
-    while not core.list_namespaced_service_account(name).items and time.monotonic() < deadline:
-        time.sleep(0.2)
-    yield name
-    delete_namespace(core, name)
-
-
-@pytest.fixture
-def fleet(
-    pulumi_env: PulumiEnv,
-    tmp_path: Path,
-    kube_node: KubeNode,
-    operator_image: str,
-    target: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> KubeFleet:
-    """A kubernetes entry `in-cluster` over the test node's API server as its admin (the ambient
-    KUBECONFIG); the proxies' image is the default, the service's own, imported into the node."""
-    monkeypatch.setenv("KUBECONFIG", str(kube_node.kubeconfig))
-    return KubeFleet(root=tmp_path, backend_url=pulumi_env.backend_url, namespace=target)
-
-
-@pytest.fixture
-def objects(node_api: ApiClient, target: str) -> ClusterObjects:
-    return ClusterObjects(node_api, target)
 
 
 def allow_host(kube_node: KubeNode, port: int) -> dict[str, Any]:
@@ -183,26 +142,30 @@ def answered(call: Any, *, within: float = 20.0) -> Any:
 
 
 def test_a_proxy_pod_carries_traffic_to_what_its_policy_allows_and_nothing_else(
-    kube_node: KubeNode, fleet: KubeFleet, objects: ClusterObjects, node_api: ApiClient, target: str
+    kube_node: KubeNode,
+    node_fleet: KubeFleet,
+    node_objects: ClusterObjects,
+    node_api: ApiClient,
+    node_target: str,
 ) -> None:
     """HTTP (plain and CONNECT) and SOCKS5 through pods running the forward proxy from the service's image:
     the allowed destination answers; no credentials is a 407; a destination the policy refuses is refused
     by the proxy (a 403 with Proxy-Status), and by the NetworkPolicy for anything else in the pod."""
     allowed, refused = free_port(), free_port()
-    fleet.write_proxy("web", port=8080, egress=allow_host(kube_node, allowed))
-    fleet.write_proxy("sock", port=1080, protocol="socks5", egress=allow_host(kube_node, allowed))
+    node_fleet.write_proxy("web", port=8080, egress=allow_host(kube_node, allowed))
+    node_fleet.write_proxy("sock", port=1080, protocol="socks5", egress=allow_host(kube_node, allowed))
     host = kube_node.host_ip
     results: dict[str, Any] = {}
 
     async def scenario() -> None:
-        controller = await fleet.apply()
+        controller = await node_fleet.apply()
         for key in ("crawl/web", "crawl/sock"):
             assert condition(controller, key, "Provisioned").status == "True", controller.status.get(key)
             results[key] = credentials(controller, key)
 
     with web_server(host, allowed), witness(host, refused) as other:
-        asyncio.run(fleet.run(scenario))
-        web, sock = cluster_ip(objects, "px-crawl-web"), cluster_ip(objects, "px-crawl-sock")
+        asyncio.run(node_fleet.run(scenario))
+        web, sock = cluster_ip(node_objects, "px-crawl-web"), cluster_ip(node_objects, "px-crawl-sock")
         user, password = results["crawl/web"]
         with via(user, password, web, 8080) as client:
             page = answered(lambda: client.get(f"http://{host}:{allowed}/"))
@@ -224,13 +187,13 @@ def test_a_proxy_pod_carries_traffic_to_what_its_policy_allows_and_nothing_else(
 
         # The NetworkPolicy on its own: a pod with the proxy pod's labels reaches the allowed port only.
         core = CoreV1Api(node_api)
-        labels = objects.deployment("px-crawl-web").spec.selector.match_labels
+        labels = node_objects.deployment("px-crawl-web").spec.selector.match_labels
         code, log, _ = run_to_end(
-            core, target, "as-proxy-ok", command=probe_command(host, allowed), labels=labels
+            core, node_target, "as-proxy-ok", command=probe_command(host, allowed), labels=labels
         )
         assert code == 0, log
         code, log, held = run_to_end(
-            core, target, "as-proxy-no", command=probe_command(host, refused), labels=labels
+            core, node_target, "as-proxy-no", command=probe_command(host, refused), labels=labels
         )
         assert code != 0, log
         assert held.status.pod_ip not in other.peers
@@ -278,7 +241,7 @@ class ClientLoop(threading.Thread):
 
 
 def test_a_port_change_rolls_the_pod_while_a_client_keeps_fetching(
-    kube_node: KubeNode, fleet: KubeFleet, objects: ClusterObjects
+    kube_node: KubeNode, node_fleet: KubeFleet, node_objects: ClusterObjects
 ) -> None:
     """The new pod serves the new port before the Service publishes it and the old pod keeps serving the
     old one until then (RollingUpdate with a surge of one, the Service after the Deployment, targetPort and
@@ -287,35 +250,37 @@ def test_a_port_change_rolls_the_pod_while_a_client_keeps_fetching(
     holds the old port is refused: counted and printed, not asserted away."""
     allowed = free_port()
     host = kube_node.host_ip
-    fleet.write_proxy("roll", port=8080, egress=allow_host(kube_node, allowed))
+    node_fleet.write_proxy("roll", port=8080, egress=allow_host(kube_node, allowed))
     seen: dict[str, Any] = {}
 
     async def scenario() -> None:
-        controller = await fleet.apply()
+        controller = await node_fleet.apply()
         assert condition(controller, "crawl/roll", "Provisioned").status == "True"
-        before = objects.deployment("px-crawl-roll").metadata.generation
-        loop = ClientLoop(controller, objects, "px-crawl-roll", f"http://{host}:{allowed}/")
-        address = cluster_ip(objects, "px-crawl-roll")
+        before = node_objects.deployment("px-crawl-roll").metadata.generation
+        loop = ClientLoop(controller, node_objects, "px-crawl-roll", f"http://{host}:{allowed}/")
+        address = cluster_ip(node_objects, "px-crawl-roll")
         answered(lambda: via(*credentials(controller, "crawl/roll"), address, 8080).get(loop.url))
         loop.start()
         await asyncio.sleep(2)
-        fleet.write_proxy("roll", port=8081, egress=allow_host(kube_node, allowed))
-        await fleet.apply(controller)
+        node_fleet.write_proxy("roll", port=8081, egress=allow_host(kube_node, allowed))
+        await node_fleet.apply(controller)
         deadline = time.monotonic() + 180  # the `up` awaits the new pod, then updates the Service
         while loop.ok.count(8081) < 20:
             assert time.monotonic() < deadline, f"the new port never served: {loop.failed[-5:]}"
             await asyncio.sleep(0.5)
         loop.stop.set()
         loop.join(timeout=30)
-        seen.update(loop=loop, generation=(before, objects.deployment("px-crawl-roll").metadata.generation))
+        seen.update(
+            loop=loop, generation=(before, node_objects.deployment("px-crawl-roll").metadata.generation)
+        )
 
     with web_server(host, allowed):
-        asyncio.run(fleet.run(scenario))
+        asyncio.run(node_fleet.run(scenario))
     loop: ClientLoop = seen["loop"]
     print(f"\n[figures] port change: {len(loop.ok)} requests served ({loop.ok.count(8081)} on the new port), "
           f"{len(loop.of_the_proxy())} failed with the ports agreeing, {len(loop.in_switch())} in the switch "
           f"window: {loop.in_switch()[:6]}")  # fmt: skip
     assert seen["generation"][1] > seen["generation"][0], "the Deployment rolled"
     assert 8080 in loop.ok
-    assert [p.port for p in objects.service("px-crawl-roll").spec.ports] == [8081]
+    assert [p.port for p in node_objects.service("px-crawl-roll").spec.ports] == [8081]
     assert not loop.of_the_proxy(), loop.of_the_proxy()
