@@ -52,6 +52,7 @@ DAEMON = "proxy-operator-forward-proxy"  # the image's console script: `python -
 RUN_AS = 10001  # the image's unprivileged user (the service's, and 3proxy's in its image)
 UNPRIVILEGED_PORT = 3128  # containers run without NET_BIND_SERVICE: a port below 1024 maps to this one
 PATCH_FORCE = "pulumi.com/patchForce"
+PRE_STOP_SECONDS = 5  # well inside the pod's default 30 s grace
 
 
 def provider_annotations() -> dict[str, str]:
@@ -150,6 +151,10 @@ def _container(ctx: ProxyContext, block: Any, *, control: bool) -> dict[str, Any
         "ports": ports + ([kube_control.container_port(port)] if control else []),
         "readinessProbe": {**probe, "initialDelaySeconds": 2},
         "livenessProbe": {**probe, "initialDelaySeconds": 10},
+        # A pod being replaced keeps serving while kube-proxy takes it out of the Service (seen on the test
+        # node: without it a client got one refused connection per rollout). The kubelet's sleep action
+        # needs no binary in the image.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
         "resources": block.resources,
         "securityContext": {
             "runAsNonRoot": True,

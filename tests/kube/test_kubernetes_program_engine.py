@@ -170,8 +170,9 @@ def test_a_port_change_replaces_only_the_secret_and_rolls_the_pod(
     node_fleet: KubeFleet, node_objects: ClusterObjects
 ) -> None:
     """The Secret holds the forward proxy's configuration, which names the port: the provider replaces a
-    Secret on any data change (a new auto-name, so the Deployment rolls); the Deployment, Service and
-    NetworkPolicy are updated in place, keeping their identity (uid) and the Service its cluster IP. The
+    Secret on any data change (a new auto-name, so the Deployment rolls); the Deployment and Service are
+    updated in place, keeping their identity (uid) and the Service its cluster IP; the NetworkPolicy, which
+    names the port, does not change. The
     `up` returns once the new pod is Ready and the old one is on its way out."""
     objects = node_objects
     node_fleet.write_proxy("web", port=8080)
@@ -191,7 +192,8 @@ def test_a_port_change_replaces_only_the_secret_and_rolls_the_pod(
         assert new_pod.metadata.uid != old_pod.metadata.uid
         assert new_pod.spec.containers[0].ports[0].container_port == 9090
         changes = controller.engine.results[-1].changes
-        assert (changes.get("replace"), changes.get("update"), changes.get("delete")) == (1, 3, None)
+        # The NetworkPolicy names its port, so a port change leaves it as it is.
+        assert (changes.get("replace"), changes.get("update"), changes.get("delete")) == (1, 2, None)
         after = objects.uids("px-crawl-web")
         for kind in ("deployment", "service", "networkpolicy"):
             assert after[kind] == before[kind], kind

@@ -124,22 +124,31 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
         # learnt by the probe through the pod: the echo sees the proxy pod's own address
         assert seen["health"]["egressIp"] == pod.status.pod_ip, (replica.metadata.name, seen)
     with service.client() as api:
-        leases = [lease_from(api, target) for target in ("site.test", "other.test")]
+        assert api.get("/v1/whoami").status_code == 200  # the discovery API through the Service
     page = f"http://{kube_node.host_ip}:{web_port}/"
-    for lease in leases:  # through the Service: each replica answers some; both push lease users
-        assert lease["host"] == "px-crawl-pod-1.proxies.svc.cluster.local"
-        # The service runs in the cluster, so it reaches the pod's control port: a user of the lease's own.
-        assert lease["credentialsScope"] == "lease", lease
-        address = resolves(lease["host"], server=kube_node.dns_ip)
-        assert address, "the published name resolves in the cluster"
-        proxy_url = lease["url"].replace(lease["host"], address)
-        with httpx.Client(proxy=proxy_url, timeout=10, trust_env=False) as crawler:
-            answer = crawler.get(page)
-            assert (answer.status_code, answer.content) == (200, BODY)
-            with service.client() as api:
+    # Each replica by its pod address, leader and follower: leases and their releases live in the replica
+    # that answered them (deploy/ keeps the discovery store in memory; a shared Redis store is the setting
+    # for releases that may land on another replica).
+    for replica, target in zip(service.ready_pods(), ("site.test", "other.test"), strict=False):
+        with httpx.Client(
+            base_url=f"http://{replica.status.pod_ip}:8080",
+            headers=service.headers(),
+            timeout=15,
+            trust_env=False,
+        ) as api:
+            lease = lease_from(api, target)
+            assert lease["host"] == "px-crawl-pod-1.proxies.svc.cluster.local"
+            # The service runs in the cluster: it reaches the pod's control port, a user of the lease's own.
+            assert lease["credentialsScope"] == "lease", (replica.metadata.name, lease)
+            address = resolves(lease["host"], server=kube_node.dns_ip)
+            assert address, "the published name resolves in the cluster"
+            proxy_url = lease["url"].replace(lease["host"], address)
+            with httpx.Client(proxy=proxy_url, timeout=10, trust_env=False) as crawler:
+                answer = crawler.get(page)
+                assert (answer.status_code, answer.content) == (200, BODY)
                 assert api.delete(f"/v1/leases/{lease['leaseId']}").status_code in (200, 204)
-            assert crawler.get(page).status_code == 407, "a released lease's user is refused"
-    bare = f"http://{address}:{leases[0]['port']}"
+                assert crawler.get(page).status_code == 407, "a released lease's user is refused"
+    bare = f"http://{address}:{lease['port']}"
     with httpx.Client(proxy=bare, timeout=10, trust_env=False) as anonymous:
         assert anonymous.get(page).status_code == 407
 

@@ -68,6 +68,7 @@ def test_deployment_is_non_root_read_only_limited_and_probed_on_the_proxy_port(m
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert container["resources"]["limits"] == {"cpu": "500m", "memory": "128Mi"}
     assert container["readinessProbe"]["tcpSocket"] == {"port": 8080}
+    assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
     assert container["ports"] == [{"name": "proxy", "containerPort": 8080, "protocol": "TCP"}]
     assert container["image"] == DEFAULT_KUBERNETES_IMAGE
     assert container["command"] == ["proxy-operator-forward-proxy", "/etc/proxy-operator/proxy.json"]
