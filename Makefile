@@ -61,7 +61,7 @@ lint: venv ## ruff, formatting, the layer contracts and mypy
 bench: install bench-deps ## benchmarks: figures and ratios against baselines measured in the same run
 	@for b in tests/bench/bench_*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
-image: tools ## container image from the Dockerfile with podman, no registry (root; not part of make test)
+image: tools ## container image from the Dockerfile with podman, no registry (root; the node tests build it too: tests/kube/operator_image.py)
 	@bash scripts/install-k8s-plugin.sh
 	@bash scripts/build-image.sh
 
