@@ -61,6 +61,9 @@ sys.path.insert(0, str(ROOT))
 
 from tests.ports import free_port  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_abuse import _wait_listening  # noqa: E402
+
 PY = sys.executable
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
@@ -203,19 +206,6 @@ def _child(*args: str, output: bool = False) -> Process:
     env["BENCH_PASSWORD"] = PASSWORD
     out = subprocess.PIPE if output else subprocess.DEVNULL
     return subprocess.Popen(list(args), cwd=ROOT, env=env, stdout=out, stderr=subprocess.DEVNULL)
-
-
-def _wait_listening(port: int, process: Process, what: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{what} exited")
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{what} did not start")
 
 
 def _tree(pid: int) -> list[int]:

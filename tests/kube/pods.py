@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
@@ -126,10 +126,13 @@ class _Handler(socketserver.BaseRequestHandler):
         self.request.sendall(b"w")
 
 
+Served = TypeVar("Served", bound=socketserver.BaseServer)
+
+
 @contextmanager
-def witness(host: str, port: int) -> Iterator[TcpWitness]:
-    server = TcpWitness(host, port)
-    thread = threading.Thread(target=server.serve_forever, name="witness", daemon=True)
+def serving(server: Served, name: str) -> Iterator[Served]:
+    """`server` answering in a thread of its own until the block ends; then shut down and closed."""
+    thread = threading.Thread(target=server.serve_forever, name=name, daemon=True)
     thread.start()
     try:
         yield server
@@ -137,6 +140,12 @@ def witness(host: str, port: int) -> Iterator[TcpWitness]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextmanager
+def witness(host: str, port: int) -> Iterator[TcpWitness]:
+    with serving(TcpWitness(host, port), "witness") as server:
+        yield server
 
 
 def outside_address() -> str:

@@ -27,7 +27,7 @@ from kubernetes.client import ApiClient, CoreV1Api
 
 from service.controller import Controller
 from tests.kube.node import KubeNode
-from tests.kube.pods import probe_command, run_to_end, witness
+from tests.kube.pods import probe_command, run_to_end, serving, witness
 from tests.kube.program_fleet import ClusterObjects, KubeFleet
 from tests.ports import free_port
 
@@ -50,14 +50,8 @@ class _Page(http.server.BaseHTTPRequestHandler):
 def web_server(host: str, port: int) -> Iterator[http.server.ThreadingHTTPServer]:
     server = http.server.ThreadingHTTPServer((host, port), _Page)
     server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="web", daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(server, "web") as running:
+        yield running
 
 
 def allow_host(kube_node: KubeNode, port: int) -> dict[str, Any]:
