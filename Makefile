@@ -45,8 +45,8 @@ kube-tools: ## etcd, kube-apiserver, the provider plugin and the test node's pro
 run: install ## provision the sample local proxies with the real engine and serve the discovery API
 	$(VENV)/bin/proxy-operator serve --manifests examples/local
 
-test: install test-deps kube-tools ## run the test suite (unit tests and real-engine tests)
-	$(PY) -m pytest
+test: install test-deps ## run the test suite (unit tests and real-engine tests), with make kube-tools beside it
+	@PY=$(PY) bash scripts/test.sh
 
 FAULT_SEEDS ?= 1 2 3
 faults: install test-deps kube-tools ## a longer seeded fault campaign (tests/faults/README.md); FAULT_SEEDS="1 2 3"

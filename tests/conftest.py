@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kube_tools_build import SETTLE_SECONDS, BackgroundBuild, needs_tools, run_last
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_BIN = ROOT / ".tools" / "bin"
 
@@ -22,6 +24,36 @@ class PulumiEnv:
     backend_dir: Path
     home: Path
     passphrase: str
+
+
+def _say(config: pytest.Config, line: str) -> None:
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        print(f"\n[kube-tools] {line}", end="", flush=True)
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """With `make kube-tools` still building beside the suite (scripts/test.sh, tests/kube_tools_build.py),
+    the tests that need its programs run last."""
+    build = BackgroundBuild.from_env()
+    if build is None or build.wait(within=SETTLE_SECONDS) is not None:
+        return
+    moved = run_last(items)
+    _say(
+        config, f"still building in the background (log {build.log}): the {moved} tests that need it run last"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test that needs the kube tools waits for their build, and fails (never skips) when it failed."""
+    build = BackgroundBuild.from_env()
+    if build is None or not needs_tools(item):
+        return
+    code = build.wait(say=lambda line: _say(item.config, line))
+    if code:
+        pytest.fail(build.failure(code), pytrace=False)
 
 
 def _require_engine() -> None:

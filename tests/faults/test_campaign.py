@@ -22,7 +22,7 @@ import pytest
 from tests.conftest import TOOLS_BIN
 from tests.faults.campaign import run
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.kube_tools]  # a kube-apiserver of its own
 
 SEED = 14
 KINDS = ["kill-leader-during-up", "sigstop-leader", "skip-cleanup-during-deletion", "mass-deletion"]

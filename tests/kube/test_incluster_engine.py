@@ -195,6 +195,7 @@ def test_two_replicas_elect_one_leader_and_hand_over(fleet: ClusterFleet) -> Non
     asyncio.run(scenario())
 
 
+@pytest.mark.kube_tools  # starts its own kube-apiserver
 def test_the_watch_survives_an_apiserver_restart(pulumi_env: PulumiEnv, tmp_path: Path) -> None:
     """kube-apiserver stops and starts again on the same port: the watches reconnect, the Lease is kept
     or won again, and a Proxy created afterwards is reconciled."""

@@ -57,6 +57,7 @@ def plugin_version(plugin: Path) -> str:
             process.wait(timeout=15)
 
 
+@pytest.mark.kube_tools  # the plugin `make kube-tools` builds
 def test_the_plugin_beside_the_cli_is_the_pinned_version() -> None:
     if not PLUGIN.exists():  # also a link into a build cache that is gone
         pytest.fail(

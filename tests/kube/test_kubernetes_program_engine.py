@@ -28,7 +28,7 @@ from typer.testing import CliRunner
 from automation.queue_state import QueueState
 from service.cli import app
 from stacks.forward_proxy.config import ProxyConfig
-from stacks.programs.kubernetes import CONFIG_DIR, CONFIG_KEY, DAEMON
+from stacks.programs.kubernetes import CONFIG_DIR, CONFIG_KEY, DAEMON, READINESS_PERIOD_SECONDS
 from tests.conftest import PulumiEnv
 from tests.kube.apiserver import ROOT, TOOLS_BIN, KubeApi
 from tests.kube.node import KubeNode
@@ -139,6 +139,7 @@ def test_up_creates_each_proxys_objects_with_the_hardened_pod_spec_and_its_pod_i
     assert pod.security_context.run_as_non_root is True
     assert container.resources.limits == {"cpu": "500m", "memory": "128Mi"}
     assert container.readiness_probe.tcp_socket.port == 8080
+    assert container.readiness_probe.period_seconds == READINESS_PERIOD_SECONDS  # Ready within ~2 s
     assert [(p.name, p.container_port) for p in container.ports] == [("proxy", 8080)]
     assert pod.volumes[0].secret.secret_name == secret.metadata.name
     assert deployment.metadata.labels["app.kubernetes.io/managed-by"] == "proxy-operator"
@@ -326,30 +327,32 @@ def test_drift_detect_reports_the_edited_service_and_changes_nothing(
 
 
 @on_node
-@pytest.mark.parametrize("manager", ["kubectl-edit", "ops-script"])
 def test_drift_correct_puts_the_edited_service_back(
-    node_fleet: KubeFleet, node_objects: ClusterObjects, node_api: ApiClient, node_target: str, manager: str
+    node_fleet: KubeFleet, node_objects: ClusterObjects, node_api: ApiClient, node_target: str
 ) -> None:
-    """`up --refresh` after the targetPort edit. The provider takes over fields that kubectl's field managers
-    own (kubectl-edit here) by itself; a field owned by any other manager ("ops-script") fails server-side
-    apply with a conflict, for the whole stack, unless the apply is forced: every object of the program
-    carries `pulumi.com/patchForce: "true"`, so both are put back."""
+    """`up --refresh` after a targetPort edit, once by each kind of manager (one stack, two drifts). The
+    provider takes over fields that kubectl's field managers own (kubectl-edit) by itself; a field owned by
+    any other manager ("ops-script") fails server-side apply with a conflict, for the whole stack, unless
+    the apply is forced: every object of the program carries `pulumi.com/patchForce: "true"`, so both are
+    put back."""
     node_fleet.write_catalogue(["in-cluster"], driftPolicy="correct")
     node_fleet.write_proxy("web", port=8080)
 
     async def scenario() -> None:
         controller = await node_fleet.apply()
         uid = node_objects.service("px-crawl-web").metadata.uid
-        edit_target_port(node_api, node_target, manager=manager)
+        for manager in ("kubectl-edit", "ops-script"):
+            edit_target_port(node_api, node_target, manager=manager)
+            assert node_objects.service("px-crawl-web").spec.ports[0].target_port == 1234, manager
 
-        controller.request_resync()
-        await controller.queue.drain()
+            controller.request_resync()
+            await controller.queue.drain()
 
-        service = node_objects.service("px-crawl-web")
-        assert service.spec.ports[0].target_port == "proxy"
-        assert service.metadata.uid == uid, "corrected in place"
-        assert manager not in {m.manager for m in service.metadata.managed_fields}
-        assert controller.queue.states()["in-cluster"].state is QueueState.IDLE
+            service = node_objects.service("px-crawl-web")
+            assert service.spec.ports[0].target_port == "proxy", manager
+            assert service.metadata.uid == uid, f"corrected in place ({manager})"
+            assert manager not in {m.manager for m in service.metadata.managed_fields}
+            assert controller.queue.states()["in-cluster"].state is QueueState.IDLE, manager
 
     asyncio.run(node_fleet.run(scenario))
 

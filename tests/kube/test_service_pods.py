@@ -116,11 +116,17 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
     assert figures["peak"] < figures["limit"], "the `up` fits under deploy/'s memory limit"
     [pod] = proxy_pods(service, "pod-1")
     for replica in service.pods():  # leader and follower alike: the follower serves the leader's status
-        with httpx.Client(timeout=10, trust_env=False) as direct:
-            answer = direct.get(f"http://{replica.status.pod_ip}:8080/v1/proxies", headers=service.headers())
-        [seen] = answer.json()["items"]
+
+        def seen_healthy(address: str = replica.status.pod_ip) -> dict[str, Any] | None:
+            with httpx.Client(timeout=10, trust_env=False) as direct:
+                answer = direct.get(f"http://{address}:8080/v1/proxies", headers=service.headers())
+            [item] = answer.json()["items"]
+            return dict(item) if item["health"]["state"] == "healthy" else None
+
+        # The follower reads the leader's conditions on its next poll (poll_seconds): a moment behind them.
+        what = f"{replica.metadata.name} sees pod-1 healthy"
+        seen = wait_for(what, seen_healthy, timeout=30, service=service)
         assert seen["key"] == "crawl/pod-1"
-        assert seen["health"]["state"] == "healthy", (replica.metadata.name, seen)
         # learnt by the probe through the pod: the echo sees the proxy pod's own address
         assert seen["health"]["egressIp"] == pod.status.pod_ip, (replica.metadata.name, seen)
     with service.client() as api:

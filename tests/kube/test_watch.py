@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from kubernetes import config
 from kubernetes.client import ApiClient, Configuration
 
@@ -24,6 +25,7 @@ def compact_etcd(etcd_url: str) -> None:
     ).raise_for_status()
 
 
+@pytest.mark.kube_tools  # starts its own kube-apiserver
 def test_a_watch_from_a_compacted_version_lists_again(tmp_path: Path) -> None:
     """A watch resumed from a resourceVersion the apiserver no longer has answers 410 Gone: the watcher
     lists the whole set again and watches on from there (as after a long disconnection). The apiserver runs
