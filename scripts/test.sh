@@ -23,7 +23,7 @@ trap 'kill -- -"$builder" 2>/dev/null; exit 130' INT TERM
 printf '[kube-tools] make kube-tools runs beside the suite (pid %s, log %s)\n' "$builder" "$log"
 
 export PROXY_OPERATOR_KUBE_TOOLS_STATUS="$status" PROXY_OPERATOR_KUBE_TOOLS_LOG="$log"
-"$py" -m pytest "$@"
+"$py" -m pytest --durations=25 "$@"  # the slowest 25 in the log: where the budget goes
 rc=$?
 
 wait "$builder"

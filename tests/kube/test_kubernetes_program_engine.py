@@ -215,17 +215,26 @@ def test_a_port_change_replaces_only_the_secret_and_rolls_the_pod(
 
 
 @on_node
-def test_a_removed_proxy_loses_its_objects_and_pods_and_its_neighbour_keeps_them(
+def test_a_removed_proxy_loses_its_pods_and_a_forgotten_one_keeps_them_and_is_adopted_again(
     node_fleet: KubeFleet, node_objects: ClusterObjects, kube_node: KubeNode
 ) -> None:
-    """Deletion in the foreground: the provider's delete returns once the garbage collector removed the
+    """One stack, three proxies, three declared changes, each checked on the cluster and in the state.
+
+    Removal, in the foreground: the provider's delete returns once the garbage collector removed the
     Deployment's ReplicaSet and its pod, so after the `up` no pod with the proxy's labels is left, not even
     a terminating one. That alone would hold with a background deletion too (the `up` goes on deleting the
     Secret and NetworkPolicy meanwhile): the audit log shows the foreground, the garbage collector taking
-    its `foregroundDeletion` finalizer off the Deployment once the dependents were gone."""
+    its `foregroundDeletion` finalizer off the Deployment once the dependents were gone.
+
+    skip-cleanup: the objects and the pod stay in the cluster and leave the state. Then the Proxy is
+    declared again before anyone deleted the orphans: the provider's server-side apply takes the
+    Deployment, Service and NetworkPolicy (fixed names) over where they are, no collision, while the Secret
+    (a generated name, with newly generated credentials) is made anew and the old one is left.
+
+    The neighbour ("stay") keeps its objects and its pod through all of it."""
     objects = node_objects
-    node_fleet.write_proxy("stay", port=8080)
-    node_fleet.write_proxy("go", port=8081)
+    for name, port in (("stay", 8080), ("go", 8081), ("keep", 8082)):
+        node_fleet.write_proxy(name, port=port)
 
     async def scenario() -> None:
         controller = await node_fleet.apply()
@@ -234,6 +243,8 @@ def test_a_removed_proxy_loses_its_objects_and_pods_and_its_neighbour_keeps_them
         assert all(objects.uids("px-crawl-go").values())
         labels = objects.deployment("px-crawl-go").spec.selector.match_labels
         assert len(running(objects, "px-crawl-go")) == 1
+        left = objects.uids("px-crawl-keep")
+        [keeping] = running(objects, "px-crawl-keep")
 
         node_fleet.remove_proxy("go")
         start = kube_node.files.audit_log.stat().st_size
@@ -243,41 +254,20 @@ def test_a_removed_proxy_loses_its_objects_and_pods_and_its_neighbour_keeps_them
         assert objects.pods(labels) == []
         collector = f"system:serviceaccount:kube-system:{GARBAGE_COLLECTOR}"
         assert (collector, "px-crawl-go") in deployment_writers(kube_node.files.audit_log, offset=start)
-        assert objects.uids("px-crawl-stay") == kept
-        assert [p.metadata.uid for p in running(objects, "px-crawl-stay")] == [staying.metadata.uid]
         assert [e.reason for e in controller.status.events("crawl/go")][-1] == "Released"
 
-    asyncio.run(node_fleet.run(scenario))
-
-
-@on_node
-def test_skip_cleanup_leaves_the_objects_and_the_pod_in_the_cluster_and_drops_them_from_state(
-    node_fleet: KubeFleet, node_objects: ClusterObjects
-) -> None:
-    """Then the Proxy is declared again before anyone deleted the orphans: the provider's server-side apply
-    takes the Deployment, Service and NetworkPolicy (fixed names) over where they are, no collision, while
-    the Secret (a generated name, with newly generated credentials) is made anew and the old one is left."""
-    objects = node_objects
-    node_fleet.write_proxy("stay", port=8080)
-    node_fleet.write_proxy("keep", port=8081)
-
-    async def scenario() -> None:
-        controller = await node_fleet.apply()
-        left = objects.uids("px-crawl-keep")
-        [pod] = running(objects, "px-crawl-keep")
-
-        node_fleet.write_deleting("keep", skip_cleanup=True, port=8081, allowedSourceRanges=["10.0.0.0/8"])
+        node_fleet.write_deleting("keep", skip_cleanup=True, port=8082, allowedSourceRanges=["10.0.0.0/8"])
         await node_fleet.apply(controller)
 
         assert objects.uids("px-crawl-keep") == left, "forgetting must not touch the cluster"
-        assert [p.metadata.uid for p in running(objects, "px-crawl-keep")] == [pod.metadata.uid]
+        assert [p.metadata.uid for p in running(objects, "px-crawl-keep")] == [keeping.metadata.uid]
         urns = [r["urn"] for r in controller.engine.export("in-cluster")["deployment"]["resources"]]
         assert not [urn for urn in urns if urn.endswith("::crawl/keep") or urn.endswith("::px-crawl-keep")]
         assert [urn for urn in urns if urn.endswith("Deployment::crawl/stay")]
         assert "Forgotten" in [e.reason for e in controller.status.events("crawl/keep")]
         [orphan] = objects.secrets("px-crawl-keep")
 
-        node_fleet.write_proxy("keep", port=8081)
+        node_fleet.write_proxy("keep", port=8082)
         await node_fleet.apply(controller)
 
         adopted = objects.uids("px-crawl-keep")
@@ -289,6 +279,9 @@ def test_skip_cleanup_leaves_the_objects_and_the_pod_in_the_cluster_and_drops_th
         volume = objects.deployment("px-crawl-keep").spec.template.spec.volumes[0]
         assert volume.secret.secret_name == new_secret.metadata.name
         assert rolled_out(objects, "px-crawl-keep"), "the new Secret rolled the adopted Deployment"
+
+        assert objects.uids("px-crawl-stay") == kept
+        assert [p.metadata.uid for p in running(objects, "px-crawl-stay")] == [staying.metadata.uid]
 
     asyncio.run(node_fleet.run(scenario))
 
