@@ -9,15 +9,27 @@ that end; a release revokes it; the sweeper revokes the users of leases this rep
 
 Any replica can do each step: the user's name is derived from the lease id (`lease-<id>`), and the proxy
 key comes with the lease record, so a release on another replica than the one that leased revokes too. The
-password is never stored by the service: only the client and the proxy (as a digest) hold it.
+password is never stored by the service: only the client holds it, and the proxy and the replica that
+issued it a digest.
+
+Users follow a proxy's pods: every FOLLOW_SECONDS `follow` asks each listener of a `tcp://` channel that
+has live users of this replica who it is (`hello`: one small request per pod and round). A listener not
+seen before with that instance (a new pod of a rollout, a container started again) gets each live user of
+the proxy added by its digest, with the lease's end as the store has it now (a lease released or ended is
+dropped instead). The headless Service of a proxy's pods publishes a pod before it is Ready, so a new pod
+usually has the users before it takes traffic; at worst it answers 407 to them for FOLLOW_SECONDS plus a
+DNS cache's life. Users issued by a replica that is gone are not added again, nor are those of a `local`
+proxy's process started again (its unix socket is not followed): those leases fail closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import heapq
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +43,10 @@ from stacks.forward_proxy import control
 log = logging.getLogger(__name__)
 PUSH_SECONDS = 2.0  # the bounded wait for a proxy's acknowledgement
 SWEEP_SECONDS = 1.0
-Call = Callable[..., Awaitable[None]]
+FOLLOW_SECONDS = 5.0  # how often the listeners of channels with live users are asked who they are
+FOLLOW_CONCURRENCY = 32  # proxies followed at once
+TCP = "tcp://"  # the channels followed: proxy pods, whose rollouts start new processes as a matter of course
+Call = Callable[..., Awaitable[Any]]
 Lookup = Callable[..., Awaitable[LeaseRecord | None]]
 
 
@@ -62,13 +77,18 @@ class LeaseUsers:
         new_password: Callable[[], str] = lambda: secrets.token_urlsafe(16),
         call: Call = control.call,
         resolve: Resolve = control_targets.resolve_addresses,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inventory = inventory
         self._enabled = enabled
         self._new_password = new_password
         self._call = call
         self._resolve = resolve
+        self._monotonic = monotonic
         self._ends: list[tuple[float, str]] = []  # (expires_at, lease id) of leases this replica touched
+        self._issued: dict[str, dict[str, bytes]] = {}  # proxy -> lease id -> digest of its user's password
+        self._reached: dict[str, set[tuple[str, str]]] = {}  # proxy -> (target, instance) holding them all
+        self._next_follow = 0.0
 
     def channel(self, proxy: str) -> Channel | None:
         """The proxy's control channel when its leases get their own users; None: its own credentials."""
@@ -86,6 +106,10 @@ class LeaseUsers:
         users = {
             lease.lease_id: LeaseUser(user_of(lease.lease_id), self._new_password()) for lease, _ in scoped
         }
+        for lease, chan in scoped:  # before the push: a listener `follow` finds meanwhile gets it too
+            if chan.path.startswith(TCP):
+                digest = hashlib.sha256(users[lease.lease_id].password.encode()).digest()
+                self._issued.setdefault(lease.proxy, {})[lease.lease_id] = digest
         pushes = [
             self._push(chan, op="add", lease=lease, now=now, password=users[lease.lease_id].password)
             for lease, chan in scoped
@@ -95,6 +119,7 @@ class LeaseUsers:
         ]
         for lease in failed:
             users.pop(lease.lease_id)
+            self._forget(lease)
         return users, failed
 
     async def extend(self, lease: LeaseRecord, *, now: float) -> None:
@@ -105,6 +130,7 @@ class LeaseUsers:
 
     async def revoke(self, lease: LeaseRecord) -> None:
         """Best effort: the proxy ends the user at the lease's end anyway."""
+        self._forget(lease)
         chan = self.channel(lease.proxy)
         if chan is not None:
             await self._send(chan, {"op": "revoke", "user": user_of(lease.lease_id)}, lease=lease)
@@ -118,6 +144,73 @@ class LeaseUsers:
                 heapq.heappush(self._ends, (lease.expires_at, lease_id))  # renewed by another replica
             elif lease is not None:
                 await self.revoke(lease)
+        if self._issued and self._monotonic() >= self._next_follow:
+            self._next_follow = self._monotonic() + FOLLOW_SECONDS
+            await self.follow(now=now, lookup=lookup)
+
+    async def follow(self, *, now: float, lookup: Lookup) -> None:
+        """Add this replica's live users to each listener that may not have them (module docstring)."""
+        limit = asyncio.Semaphore(FOLLOW_CONCURRENCY)
+
+        async def one(proxy: str) -> None:
+            async with limit:
+                await self._follow(proxy, now=now, lookup=lookup)
+
+        await asyncio.gather(*(one(proxy) for proxy in list(self._issued)))
+
+    async def _follow(self, proxy: str, *, now: float, lookup: Lookup) -> None:
+        chan = self.channel(proxy)
+        if chan is None or not self._issued.get(proxy):
+            self._issued.pop(proxy, None)
+            self._reached.pop(proxy, None)
+            return
+        found = [
+            (target, instance)
+            for target in await control_targets.targets(chan.path, resolve=self._resolve, wait=PUSH_SECONDS)
+            if (instance := await self._hello(target, chan)) is not None
+        ]
+        reached = self._reached.setdefault(proxy, set())
+        reached.intersection_update(found)  # a listener gone is forgotten
+        fresh = [pair for pair in found if pair not in reached]
+        if not fresh:
+            return
+        live = await self._live(proxy, now=now, lookup=lookup)
+        for target, instance in fresh:
+            adds = [self._send_one(target, add, lease=lease, password=chan.password) for lease, add in live]
+            if all(await asyncio.gather(*adds)):
+                reached.add((target, instance))
+
+    async def _live(
+        self, proxy: str, *, now: float, lookup: Lookup
+    ) -> list[tuple[LeaseRecord, dict[str, Any]]]:
+        """The proxy's users of this replica whose leases live, each with the `add` that restores it; the
+        others are dropped."""
+        issued = self._issued.get(proxy, {})
+        live = []
+        for lease_id, digest in list(issued.items()):
+            lease = await lookup(lease_id, now=now)
+            if lease is None or lease.released or lease.expires_at <= now:
+                issued.pop(lease_id, None)
+                continue
+            request = {"op": "add", "user": user_of(lease_id), "digest": digest.hex()}
+            live.append((lease, request | {"ttl": lease.expires_at - now}))
+        return live
+
+    async def _hello(self, target: str, channel: Channel) -> str | None:
+        try:
+            answer = await self._call(target, {"op": "hello"}, wait=PUSH_SECONDS, password=channel.password)
+        except control.ControlError:
+            return None  # not listening (yet), or a proxy from before `hello`: asked again next round
+        instance = answer.get("instance") if isinstance(answer, dict) else None
+        return instance if isinstance(instance, str) else None
+
+    def _forget(self, lease: LeaseRecord) -> None:
+        issued = self._issued.get(lease.proxy)
+        if issued is not None:
+            issued.pop(lease.lease_id, None)
+            if not issued:
+                self._issued.pop(lease.proxy, None)
+                self._reached.pop(lease.proxy, None)
 
     def _new_user(self, lease: LeaseRecord) -> LeaseUser:
         return LeaseUser(username=user_of(lease.lease_id), password=self._new_password())

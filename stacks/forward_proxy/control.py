@@ -8,11 +8,15 @@ and one without the right token is refused and its connection closed (`start_tcp
 JSON object per line each way:
 
     {"op": "add", "user": U, "password": P, "ttl": SECONDS}  -> {"ok": true}
+    {"op": "add", "user": U, "digest": HEX, "ttl": SECONDS}  -> {"ok": true}   (SHA-256 of the password)
     {"op": "renew", "user": U, "ttl": SECONDS}               -> {"ok": true} | {"ok": false, "error": ...}
     {"op": "revoke", "user": U}                              -> {"ok": true}   (idempotent)
+    {"op": "hello"}                                          -> {"ok": true, "instance": ID}
 
-No Pulumi run is involved: users live in the proxy's memory only and end with it (a restarted proxy knows
-none, so its leases' credentials stop working: fail closed).
+No Pulumi run is involved: users live in the proxy's memory only and end with it. A proxy started again (a
+new pod of a rollout, a restart) knows none and answers `hello` with a new instance: the replica that
+issued a live user sees that and adds it again, by its digest (the service never keeps a password); until
+then, and for good when that replica is gone too, the lease's credentials fail closed.
 """
 
 from __future__ import annotations
@@ -55,12 +59,27 @@ def _ttl(request: dict[str, Any]) -> float:
     return float(ttl)
 
 
+def _add(users: LeaseUsers, request: dict[str, Any]) -> None:
+    user, ttl = _field(request, "user"), _ttl(request)
+    if ("password" in request) == ("digest" in request):
+        raise ValueError("add: a password or a digest, not both")
+    if "password" in request:
+        users.add(user, _field(request, "password"), ttl=ttl)
+        return
+    digest = request["digest"]
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise ValueError("digest: the SHA-256 of the password, 64 hex digits")
+    users.add_digest(user, bytes.fromhex(digest), ttl=ttl)  # ValueError when not hex
+
+
 def apply(users: LeaseUsers, request: dict[str, Any]) -> dict[str, Any]:
     """One request against `users`; the answer to send back."""
     try:
         op = request.get("op")
         if op == "add":
-            users.add(_field(request, "user"), _field(request, "password"), ttl=_ttl(request))
+            _add(users, request)
+        elif op == "hello":
+            return {"ok": True, "instance": users.instance}
         elif op == "renew":
             if not users.renew(_field(request, "user"), ttl=_ttl(request)):
                 return {"ok": False, "error": "unknown or ended user"}
@@ -159,9 +178,11 @@ def socket_path(state_dir: Path, stem: str) -> str | None:
     return None
 
 
-async def call(channel: str, request: dict[str, Any], *, wait: float, password: str | None = None) -> None:
+async def call(
+    channel: str, request: dict[str, Any], *, wait: float, password: str | None = None
+) -> dict[str, Any]:
     """Send one request to `channel` (a unix socket path, or `tcp://HOST:PORT`: with the token derived from
-    the proxy's `password`), wait for its answer; a ControlError unless the proxy said ok."""
+    the proxy's `password`), wait for its answer and return it; a ControlError unless the proxy said ok."""
     address, request = _addressed(channel, request, password=password)
     try:
         async with asyncio.timeout(wait):
@@ -186,6 +207,7 @@ async def call(channel: str, request: dict[str, Any], *, wait: float, password: 
     if not isinstance(answer, dict) or answer.get("ok") is not True:
         error = answer.get("error") if isinstance(answer, dict) else answer
         raise ControlError(f"control channel {channel}: {error}")
+    return answer
 
 
 def _addressed(

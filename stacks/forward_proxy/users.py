@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import hmac
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,16 +41,23 @@ def _unwatched(user: bytes) -> None:
 class LeaseUsers:
     clock: Callable[[], float] = time.monotonic
     watcher: Callable[[bytes], None] = _unwatched  # told each user added, renewed or revoked
+    # Who this process is: a proxy started again (a new pod, a restart) knows no users, and says so by a new
+    # instance (the control channel's `hello`), so the service pushes its live users there again.
+    instance: str = field(default_factory=lambda: secrets.token_hex(8))
     _users: dict[bytes, tuple[bytes, float]] = field(default_factory=dict)
 
     def add(self, user: str, password: str, *, ttl: float) -> None:
         """Admit `user` for `ttl` seconds from now (a second add replaces the password and the end)."""
+        self.add_digest(user, _digest(password.encode()), ttl=ttl)
+
+    def add_digest(self, user: str, digest: bytes, *, ttl: float) -> None:
+        """`add` for a password known by its SHA-256 digest only (the service's copy of a live user)."""
         if len(self._users) >= MAX_USERS:
             self._purge()
             if len(self._users) >= MAX_USERS:
                 raise UsersFull(f"{MAX_USERS} lease users are live")
         key = user.encode()
-        self._users[key] = (_digest(password.encode()), self.clock() + ttl)
+        self._users[key] = (digest, self.clock() + ttl)
         self.watcher(key)
 
     def renew(self, user: str, *, ttl: float) -> bool:

@@ -9,6 +9,7 @@ lease-scoped credentials, where the proxy knew one user and had no control chann
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
 import stat
@@ -136,12 +137,30 @@ def test_socks5_admits_a_lease_user_until_revoked(start: Start) -> None:
         {"op": "add", "user": "u", "password": "x", "ttl": 0},
         {"op": "add", "user": "u", "password": "", "ttl": 5},
         {"op": "drop-all"},
+        {"op": "add", "user": "u", "password": "x", "digest": "00" * 32, "ttl": 5},  # which one?
+        {"op": "add", "user": "u", "digest": "ab", "ttl": 5},  # not a SHA-256
+        {"op": "add", "user": "u", "digest": "zz" * 32, "ttl": 5},  # not hex
     ],
 )
 def test_a_malformed_request_is_refused(start: Start, request_: dict[str, Any]) -> None:
     proxy = start()
     with pytest.raises(control.ControlError):
         send(proxy["control"], **request_)
+
+
+def test_a_user_added_by_its_digest_logs_in_with_its_password_and_hello_names_the_process(
+    start: Start, site: int
+) -> None:
+    """What the service sends a proxy started again (a new pod, a restart): the user by the SHA-256 of its
+    password, which the service keeps instead of the password; `hello` tells one process from another."""
+    first, second = start(), start()
+    digest = hashlib.sha256(b"s3cret-9").hexdigest()
+    send(first["control"], op="add", user="lease-9", digest=digest, ttl=300)
+    assert fetch(first, site, "lease-9", "s3cret-9") == 200
+    assert fetch(first, site, "lease-9", digest) == 407  # the digest itself is no password
+    hello = [asyncio.run(control.call(p["control"], {"op": "hello"}, wait=5)) for p in (first, first, second)]
+    assert hello[0] == hello[1]
+    assert hello[0]["instance"] != hello[2]["instance"]
 
 
 def test_a_proxy_without_credentials_has_no_control_channel(start: Start, tmp_path: Path) -> None:

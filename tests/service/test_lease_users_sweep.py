@@ -26,10 +26,11 @@ class Channel:
 
     async def __call__(
         self, path: str, request: dict[str, Any], *, wait: float, password: str | None = None
-    ) -> None:
+    ) -> dict[str, Any]:
         if path in self.down:
             raise ControlError(f"{path}: gone")
         self.sent.append((request["op"], request["user"]))
+        return {"ok": True}
 
 
 def setup(down: frozenset[str] = frozenset()) -> tuple[LeaseUsers, MemoryStore, Channel]:

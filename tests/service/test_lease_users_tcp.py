@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -24,6 +25,7 @@ from service.discovery.lease_users import LeaseUsers
 from service.discovery.memory import MemoryStore
 from service.discovery.store import AcquireRequest, LeaseRecord
 from service.inventory import Inventory
+from stacks.forward_proxy import control
 from tests.ports import free_port
 from tests.security.loopback_site import serve_page
 from tests.security.tunnels import run_proxy
@@ -158,3 +160,101 @@ def test_targets_of_each_kind_of_channel() -> None:
     assert asyncio.run(targets("tcp://pods", resolve=resolve, wait=1)) == []  # no port: nowhere to send
     assert asyncio.run(resolve_addresses("127.0.0.2", 9178)) == ["127.0.0.2"]
     assert "127.0.0.1" in asyncio.run(resolve_addresses("localhost", 9178))  # /etc/hosts, no DNS
+
+
+class Resolver:
+    """The headless Service's name as DNS answers it now: `addresses` changes as pods come and go."""
+
+    def __init__(self, addresses: list[str]) -> None:
+        self.addresses = list(addresses)
+
+    async def __call__(self, host: str, port: int) -> list[str]:
+        return list(self.addresses)
+
+
+def following(pods: Pods, resolver: Resolver) -> LeaseUsers:
+    inventory = Inventory()
+    control = f"tcp://{NAME}:{pods.control_port}"
+    inventory.replace_all([endpoint("a", username="crawler", password=PASSWORD, control=control)])
+    return LeaseUsers(inventory=inventory, enabled=True, resolve=resolver)
+
+
+def test_a_pod_started_after_the_lease_gets_its_user_from_the_replica_that_issued_it(
+    pods: Pods, site: int
+) -> None:
+    """A rollout: the lease was answered while only the old pod (127.0.0.1) was there; the new pod
+    (127.0.0.2) knows no user until `follow` adds it there, by its digest. Fails on the code before, where
+    a pod started after a lease never learnt its user (407 until the lease ended)."""
+    resolver = Resolver(["127.0.0.1"])
+    users = following(pods, resolver)
+    old, new = pods.proxy_ports
+
+    async def scenario() -> tuple[str, list[int], list[int]]:
+        store, lease = await one_lease()
+        issued, failed = await users.issue([lease], now=NOW)
+        assert failed == []
+        password = issued["l1"].password
+        before = [fetch(port, site, "lease-l1", password) for port in (old, new)]
+        resolver.addresses = list(POD_ADDRESSES)  # the new pod is published
+        await users.follow(now=NOW + 5, lookup=store.get_lease)
+        after = [fetch(port, site, "lease-l1", password) for port in (old, new)]
+        await users.revoke(lease)
+        return password, before, after
+
+    password, before, after = asyncio.run(scenario())
+    assert (before, after) == ([200, 407], [200, 200])
+    assert [fetch(port, site, "lease-l1", password) for port in (old, new)] == [407, 407]
+
+
+def test_a_lease_released_elsewhere_is_not_given_to_a_new_pod(pods: Pods, site: int) -> None:
+    """`follow` reads each lease from the store: the end this replica saw at the lease (60 s) would still
+    admit the user on the new pod after another replica's release."""
+    resolver = Resolver(["127.0.0.1"])
+    users = following(pods, resolver)
+
+    async def scenario() -> str:
+        store, lease = await one_lease()
+        issued, _ = await users.issue([lease], now=NOW)
+        assert await store.release("l1", now=NOW + 1, cooldown=0) is not None  # another replica's release
+        resolver.addresses = list(POD_ADDRESSES)
+        await users.follow(now=NOW + 5, lookup=store.get_lease)
+        return issued["l1"].password
+
+    password = asyncio.run(scenario())
+    assert fetch(pods.proxy_ports[1], site, "lease-l1", password) == 407
+
+
+def test_a_proxy_started_again_gets_its_live_users_back(tmp_path: Path, site: int) -> None:
+    """The same address, a new process (a container restarted in its pod): `hello` names a new instance,
+    so `follow` adds the users again; a process it already served is not sent them twice."""
+    control_port = free_port()
+    channel = f"tcp://127.0.0.1:{control_port}"
+    egress = {"allow": [{"cidr": "127.0.0.1/32", "ports": [site]}]}
+    sent: list[str] = []
+
+    async def recording(target: str, request: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        sent.append(str(request["op"]))
+        return await control.call(target, request, **kwargs)
+
+    inventory = Inventory()
+    inventory.replace_all([endpoint("a", username="crawler", password=PASSWORD, control=channel)])
+    users = LeaseUsers(inventory=inventory, enabled=True, call=recording)
+
+    async def issue_and_follow() -> tuple[MemoryStore, str]:
+        store, lease = await one_lease()
+        issued, _ = await users.issue([lease], now=NOW)
+        await users.follow(now=NOW + 1, lookup=store.get_lease)  # the first look adds it once more
+        return store, issued["l1"].password
+
+    with run_proxy(tmp_path, control=channel, egress=egress) as first:
+        store, password = asyncio.run(issue_and_follow())
+        assert fetch(first, site, "lease-l1", password) == 200
+    with run_proxy(tmp_path, control=channel, egress=egress) as second:
+        assert fetch(second, site, "lease-l1", password) == 407  # a new process knows nobody
+        sent.clear()
+        asyncio.run(users.follow(now=NOW + 10, lookup=store.get_lease))
+        assert sent == ["hello", "add"]
+        assert fetch(second, site, "lease-l1", password) == 200
+        sent.clear()
+        asyncio.run(users.follow(now=NOW + 15, lookup=store.get_lease))
+        assert sent == ["hello"]  # the same process: nothing to add
