@@ -191,15 +191,16 @@ def prepare_cluster(kube: KubeApi, api: ApiClient, tmp: Path) -> None:
     request_json(api, "POST", f"/api/v1/namespaces/{NAMESPACE}/configmaps", body=body)
 
 
-def create_proxies(kube: KubeApi, count: int) -> float:
-    """POST `count` Proxies on the unknown provider with 16 threads (a client each); seconds taken."""
+def create_proxies(client: Callable[[], ApiClient], count: int, *, namespace: str = NAMESPACE) -> float:
+    """POST `count` Proxies on the unknown provider with 16 threads (a client each, made by `client`);
+    seconds taken."""
     local = threading.local()
 
     def create(i: int) -> None:
         if not hasattr(local, "api"):
-            local.api = kube.client()
-        body = proxy_doc(NAMESPACE, f"p{i:05d}", port=20000 + i % 40000, provider="elsewhere")
-        request_json(local.api, "POST", PROXIES_PATH, body=body)
+            local.api = client()
+        body = proxy_doc(namespace, f"p{i:05d}", port=20000 + i % 40000, provider="elsewhere")
+        request_json(local.api, "POST", f"{BASE}/namespaces/{namespace}/proxies", body=body)
 
     started = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
@@ -458,7 +459,7 @@ def run(tmp: Path) -> None:
     with running_apiserver(tmp / "kube") as kube, kube.client() as api:
         prepare_cluster(kube, api, tmp)
         empty = baseline_memory(kube, api, tmp)
-        created = create_proxies(kube, PROXIES)
+        created = create_proxies(kube.client, PROXIES)
         proxy_doc_local = proxy_doc(NAMESPACE, LOCAL, port=free_port())
         request_json(api, "POST", PROXIES_PATH, body=proxy_doc_local)
         print(f"created {PROXIES} Proxies in {created:.1f} s ({PROXIES / created:.0f}/s, 16 threads)")

@@ -31,6 +31,7 @@ import yaml
 from kubernetes.client import ApiClient, AppsV1Api, CoordinationV1Api, CoreV1Api
 from kubernetes.dynamic import DynamicClient
 
+from service.kube.client import request_json
 from tests.kube.apiserver import ROOT
 from tests.kube.manifests import apply, dynamic_client, install_crds, kube_documents
 from tests.kube.node import KubeNode
@@ -160,7 +161,8 @@ class ServiceInNode:
 
     def memory(self, pod: Any) -> dict[str, int]:
         """The service container's memory as the host's /proc and cgroup v1 see it (bytes): the service
-        process's RSS, and the container's usage now, its peak and its limit (page cache included; the
+        process's RSS and its peak RSS (`hwm`), and the container's usage now, its working set (usage less
+        inactive file pages, as the kubelet counts it), its peak and its limit (page cache included; the
         peak covers every Pulumi child the container ran)."""
         uid = pod.metadata.uid
         for entry in Path("/proc").iterdir():
@@ -178,24 +180,31 @@ class ServiceInNode:
             ):
                 continue
             memory = next(line.split(":", 2)[2] for line in cgroup.splitlines() if ":memory:" in line)
-            folder = Path("/sys/fs/cgroup/memory") / memory.lstrip("/")
-            rss = next(int(line.split()[1]) * 1024 for line in (entry / "status").read_text().splitlines()
-                       if line.startswith("VmRSS:"))  # fmt: skip
-            files = {"usage": "usage_in_bytes", "peak": "max_usage_in_bytes", "limit": "limit_in_bytes"}
-            return {"rss": rss} | {k: int((folder / f"memory.{v}").read_text()) for k, v in files.items()}
+            status = _fields((entry / "status").read_text(), separator=":")
+            rss, hwm = (int(status[k].split()[0]) * 1024 for k in ("VmRSS", "VmHWM"))
+            return {"rss": rss, "hwm": hwm} | _cgroup_memory(
+                Path("/sys/fs/cgroup/memory") / memory.lstrip("/")
+            )
         raise ServiceUnavailable(f"no service process of pod {pod.metadata.name} on this host")
 
     def summary(self) -> dict[str, Any]:
         """The kubelet's stats summary (pods' working sets), through the API server's node proxy."""
         [node] = self.core.list_node().items
-        response = self.api.call_api(
-            f"/api/v1/nodes/{node.metadata.name}/proxy/stats/summary",
-            "GET",
-            auth_settings=["BearerToken"],
-            response_type="object",
-            _return_http_data_only=True,
-        )
-        return dict(response)
+        return request_json(self.api, "GET", f"/api/v1/nodes/{node.metadata.name}/proxy/stats/summary")
+
+
+def _fields(text: str, *, separator: str | None = None) -> dict[str, str]:
+    pairs = (line.split(separator, 1) for line in text.splitlines())
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def _cgroup_memory(folder: Path) -> dict[str, int]:
+    """A cgroup v1 memory controller's usage, working set (usage less inactive file pages, as the kubelet
+    counts it), peak (max_usage_in_bytes) and limit, in bytes."""
+    files = {"usage": "usage_in_bytes", "peak": "max_usage_in_bytes", "limit": "limit_in_bytes"}
+    found = {k: int((folder / f"memory.{v}").read_text()) for k, v in files.items()}
+    inactive = int(_fields((folder / "memory.stat").read_text())["total_inactive_file"])
+    return {"working_set": max(0, found["usage"] - inactive)} | found
 
 
 def _ready(pod: Any) -> bool:
