@@ -28,7 +28,7 @@ from kubernetes.client import ApiClient, CoreV1Api, RbacAuthorizationV1Api
 from kubernetes.client.exceptions import ApiException
 
 from tests.kube.apiserver import TOOLS_BIN, ApiServerUnavailable, Child, answers, start, tls, wait_until
-from tests.kube.images import BUSYBOX_IMAGE, PAUSE_IMAGE, ImageUnavailable, cache_root, node_images
+from tests.kube.images import BUSYBOX_IMAGE, PAUSE_IMAGE, ImageUnavailable, node_images
 from tests.kube.node_config import (
     API_PORT,
     CNI_BIN,
@@ -42,7 +42,7 @@ from tests.kube.node_config import (
     NodeFiles,
     write_node_config,
 )  # fmt: skip
-from tests.kube.node_host import HostSetupFailed, NodeNamespace, clear_stale
+from tests.kube.node_host import LOCK, HostSetupFailed, NodeNamespace, clear_stale
 from tests.kube.node_programs import ORDER, flags
 
 TOOLS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl",
@@ -139,7 +139,8 @@ def running_node(workdir: Path, *, say: Callable[[str], None] = print) -> Iterat
 def one_node_at_a_time(stack: ExitStack, say: Callable[[str], None]) -> None:
     """The node's veth, addresses and nft table have fixed names: a second session on the same machine
     (another clone, CI) waits for the first one's node to stop, for up to LOCK_WAIT seconds."""
-    handle = stack.enter_context((cache_root() / "test-node.lock").open("w"))
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    handle = stack.enter_context(LOCK.open("w"))
     deadline = time.monotonic() + LOCK_WAIT
     while True:
         try:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.kube.apiserver import die_with_parent
-from tests.kube.images import cache_root
 from tests.kube.node_config import CGROUP_PARENT, HOST_IP, NODE_IP, POD_CIDR, SERVICE_CIDR, VETH_PREFIX
 
 HOST_LINK, NODE_LINK = "ponh0", "ponn0"
@@ -36,7 +35,12 @@ KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "k
 WATCHED_SYSCTLS = (*KUBELET_SYSCTLS, "net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables",
                    "net/netfilter/nf_conntrack_max", "net/ipv4/conf/all/route_localnet")  # fmt: skip
 PRIVATE_MOUNTS = ("/run", "/var/lib", "/var/log")
-RECORD = cache_root() / "test-node.record.json"  # beside the build cache: outside every clone
+# The node's links, addresses, nft table and sysctls belong to the host, not to a clone or a build cache:
+# its lock and the record of the host's state before it live in one host-wide folder, so two sessions
+# with different PROXY_OPERATOR_CACHE_DIRs (a cold CI run beside a warm one) still take turns.
+HOST_DIR = Path("/run/lock/proxy-operator")
+RECORD = HOST_DIR / "test-node.record.json"
+LOCK = HOST_DIR / "test-node.lock"
 
 
 class HostSetupFailed(RuntimeError):
@@ -104,6 +108,7 @@ class NodeNamespace:
         """What a later session needs to clean up if this one is killed before close() (clear_stale)."""
         state = {"workdir": str(self.workdir), "holder": self.pid, "sysctls": self.sysctls,
                  "cgroups": [str(p) for p in self.cgroup_dirs]}  # fmt: skip
+        RECORD.parent.mkdir(parents=True, exist_ok=True)
         RECORD.write_text(json.dumps(state))
 
     def _mounts(self) -> None:
