@@ -16,10 +16,11 @@ Users follow a proxy's pods: every FOLLOW_SECONDS `follow` asks each listener of
 has live users of this replica who it is (`hello`: one small request per pod and round). A listener not
 seen before with that instance (a new pod of a rollout, a container started again) gets each live user of
 the proxy added by its digest, with the lease's end as the store has it now (a lease released or ended is
-dropped instead). The headless Service of a proxy's pods publishes a pod before it is Ready, so a new pod
-usually has the users before it takes traffic; at worst it answers 407 to them for FOLLOW_SECONDS plus a
-DNS cache's life. Users issued by a replica that is gone are not added again, nor are those of a `local`
-proxy's process started again (its unix socket is not followed): those leases fail closed.
+dropped instead). The headless Service of a proxy's pods publishes a pod before it is Ready, and a pod is
+not Ready before FOLLOW_SECONDS have passed (its readiness probe's initial delay), so a new pod has the
+users before it takes traffic; a DNS cache that outlives that delay can still leave a window of 407s.
+Users issued by a replica that is gone are not added again, nor are those of a `local` proxy's process
+started again (its unix socket is not followed): those leases fail closed.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from stacks.forward_proxy import control
 log = logging.getLogger(__name__)
 PUSH_SECONDS = 2.0  # the bounded wait for a proxy's acknowledgement
 SWEEP_SECONDS = 1.0
-FOLLOW_SECONDS = 5.0  # how often the listeners of channels with live users are asked who they are
+FOLLOW_SECONDS = control.FOLLOW_SECONDS  # how often listeners of channels with live users are asked
 FOLLOW_CONCURRENCY = 32  # proxies followed at once
 TCP = "tcp://"  # the channels followed: proxy pods, whose rollouts start new processes as a matter of course
 Call = Callable[..., Awaitable[Any]]

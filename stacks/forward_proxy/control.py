@@ -38,7 +38,10 @@ MAX_LINE = 4096
 MAX_TTL = 7 * 86400.0
 MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 IDLE_SECONDS = 10.0  # a tcp channel's wait for the next request line
-REFUSED = {"ok": False, "error": "refused"}  # a tcp request without the right token, whatever was wrong
+REFUSED = {"ok": False, "error": "refused"}
+# How often the service asks each process of a proxy with live lease users who it is, and adds them to one it
+# has not served (service/discovery/lease_users.py `follow`): a pod is not Ready before that (kubernetes.py).
+FOLLOW_SECONDS = 5.0  # a tcp request without the right token, whatever was wrong
 
 
 class ControlError(Exception):

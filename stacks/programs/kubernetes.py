@@ -26,6 +26,7 @@ the Deployment is). tests/kube runs the program against a node with a kubelet (t
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, cast
 
 import pulumi
@@ -33,6 +34,7 @@ import pulumi_kubernetes as k8s
 
 from stacks.egress import denied_ranges
 from stacks.forward_proxy.config import ProxyConfig
+from stacks.forward_proxy.control import FOLLOW_SECONDS
 from stacks.models import EgressSpec, KubernetesProvider
 from stacks.programs import kube_control, threeproxy
 from stacks.programs.component import (
@@ -57,6 +59,9 @@ PRE_STOP_SECONDS = 5  # well inside the pod's default 30 s grace
 # running container yet): with 10 s a new pod, and so every rollout step and every `up`, waited 10 s for a
 # proxy that listens within a second. A TCP connect every 2 s costs the pod nothing; liveness keeps 10 s.
 READINESS_PERIOD_SECONDS = 2
+# A new pod takes traffic only once each service replica could give it the live lease users (the control
+# channel's FOLLOW_SECONDS): before, a rollout answered 407 to live leases for a moment (seen on the node).
+READINESS_DELAY_SECONDS = math.ceil(FOLLOW_SECONDS) + 1
 
 
 def provider_annotations() -> dict[str, str]:
@@ -153,7 +158,11 @@ def _container(ctx: ProxyContext, block: Any, *, control: bool) -> dict[str, Any
         "image": block.image,
         "command": command,
         "ports": ports + ([kube_control.container_port(port)] if control else []),
-        "readinessProbe": {**probe, "initialDelaySeconds": 1, "periodSeconds": READINESS_PERIOD_SECONDS},
+        "readinessProbe": {
+            **probe,
+            "initialDelaySeconds": READINESS_DELAY_SECONDS,
+            "periodSeconds": READINESS_PERIOD_SECONDS,
+        },
         "livenessProbe": {**probe, "initialDelaySeconds": 10, "periodSeconds": 10},
         # A pod being replaced keeps serving while kube-proxy takes it out of the Service (seen on the test
         # node: without it a client got one refused connection per rollout). The kubelet's sleep action

@@ -93,6 +93,10 @@ def lease_from(api: httpx.Client, target: str) -> dict[str, Any]:
     return dict(lease)
 
 
+def is_ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
 def proxy_pods(service: ServiceInNode, name: str) -> list[Any]:
     selector = f"crawl.example.com/proxy-name={name}"
     return [
@@ -157,6 +161,67 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
     bare = f"http://{address}:{lease['port']}"
     with httpx.Client(proxy=bare, timeout=10, trust_env=False) as anonymous:
         assert anonymous.get(page).status_code == 407
+
+
+def test_a_live_lease_keeps_its_user_through_a_rollout_of_its_proxy(
+    service: ServiceInNode, kube_node: KubeNode, web_port: int
+) -> None:
+    """The proxy's pod is replaced (a template change, as `kubectl rollout restart` makes) while a lease
+    lives: the new pod gets the lease's user from the replica that issued it (service/discovery/
+    lease_users.py `follow`, through the headless Service's DNS and the control port's NetworkPolicy), so
+    the same credentials work through the Service once the old pod is gone. Before, the new pod knew no
+    user: 407 until the lease ended."""
+    if not proxy_pods(service, "pod-1"):  # run alone: the first test's Proxy
+        manifest = proxy_manifest("pod-1", host=kube_node.host_ip, port=web_port)
+        custom(service).create_namespaced_custom_object(*PLURAL[:2], PROXY_NAMESPACE, PLURAL[2], manifest)
+    wait_for("pod-1 Ready and Healthy", lambda: healthy(service, "pod-1"), timeout=SETTLE, service=service)
+    [before] = proxy_pods(service, "pod-1")
+    page = f"http://{kube_node.host_ip}:{web_port}/"
+    [replica, *_] = service.ready_pods()
+    with httpx.Client(
+        base_url=f"http://{replica.status.pod_ip}:8080",
+        headers=service.headers(),
+        timeout=15,
+        trust_env=False,
+    ) as api:
+        lease = lease_from(api, "rollout.test")
+        assert lease["credentialsScope"] == "lease", lease
+        address = resolves(lease["host"], server=kube_node.dns_ip)
+        assert address, "the published name resolves in the cluster"
+        proxy_url = lease["url"].replace(lease["host"], address)
+
+        def status() -> int:
+            try:
+                with httpx.Client(proxy=proxy_url, timeout=5, trust_env=False) as crawler:
+                    return crawler.get(page).status_code
+            except httpx.TransportError:
+                return 0  # the old pod going away mid-request
+
+        assert status() == 200
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        patch = {
+            "spec": {"template": {"metadata": {"annotations": {"kubectl.kubernetes.io/restartedAt": stamp}}}}
+        }
+        AppsV1Api(service.api).patch_namespaced_deployment("px-crawl-pod-1", "proxies", patch)
+
+        def replaced() -> bool:
+            """One pod left, not the old one, Ready (none terminating)."""
+            selector = "crawl.example.com/proxy-name=pod-1"
+            every = service.core.list_namespaced_pod("proxies", label_selector=selector).items
+            return len(every) == 1 and every[0].metadata.uid != before.metadata.uid and is_ready(every[0])
+
+        seen: list[int] = []
+        deadline = time.monotonic() + 120
+        while not replaced():  # through the rollout: what the lease's credentials get meanwhile
+            assert time.monotonic() < deadline, "the proxy's pod was not replaced within 120 s"
+            seen.append(status())
+            time.sleep(0.5)
+        print(f"\n[rollout] answers to the lease's credentials during the rollout: {seen}")
+        # The new pod is Ready only after the service's round (READINESS_DELAY_SECONDS): never a 407 here.
+        assert 407 not in seen, seen
+        wait_for("the lease's user on the new pod", lambda: status() == 200, timeout=30, service=service)
+        assert api.delete(f"/v1/leases/{lease['leaseId']}").status_code in (200, 204)
+        assert status() == 407
 
 
 def test_a_rollout_restart_of_the_service_hands_the_lease_over_with_no_destroy_and_no_second_up(
