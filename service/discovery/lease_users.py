@@ -30,7 +30,6 @@ import hashlib
 import heapq
 import logging
 import secrets
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,18 +77,15 @@ class LeaseUsers:
         new_password: Callable[[], str] = lambda: secrets.token_urlsafe(16),
         call: Call = control.call,
         resolve: Resolve = control_targets.resolve_addresses,
-        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._inventory = inventory
         self._enabled = enabled
         self._new_password = new_password
         self._call = call
         self._resolve = resolve
-        self._monotonic = monotonic
         self._ends: list[tuple[float, str]] = []  # (expires_at, lease id) of leases this replica touched
         self._issued: dict[str, dict[str, bytes]] = {}  # proxy -> lease id -> digest of its user's password
         self._reached: dict[str, set[tuple[str, str]]] = {}  # proxy -> (target, instance) holding them all
-        self._next_follow = 0.0
 
     def channel(self, proxy: str) -> Channel | None:
         """The proxy's control channel when its leases get their own users; None: its own credentials."""
@@ -145,9 +141,6 @@ class LeaseUsers:
                 heapq.heappush(self._ends, (lease.expires_at, lease_id))  # renewed by another replica
             elif lease is not None:
                 await self.revoke(lease)
-        if self._issued and self._monotonic() >= self._next_follow:
-            self._next_follow = self._monotonic() + FOLLOW_SECONDS
-            await self.follow(now=now, lookup=lookup)
 
     async def follow(self, *, now: float, lookup: Lookup) -> None:
         """Add this replica's live users to each listener that may not have them (module docstring)."""

@@ -15,13 +15,13 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from service.discovery.candidates import Candidates
 from service.discovery.errors import LeaseLimited, LeaseNotFound, NoProxyAvailable, SessionLost
 from service.discovery.fair_share import holding_limit
-from service.discovery.lease_users import SWEEP_SECONDS, LeaseUser, LeaseUsers
+from service.discovery.lease_users import FOLLOW_SECONDS, SWEEP_SECONDS, LeaseUser, LeaseUsers
 from service.discovery.limits import lease_ttl
 from service.discovery.observer import DiscoveryObserver
 from service.discovery.report_summary import ReportEntry
@@ -321,10 +321,16 @@ class DiscoveryService:
         self._waiter.notify()
 
     async def sweeper(self) -> None:
-        """Until cancelled: revoke the users of leases that ended by expiry (the proxies end them too)."""
+        """Until cancelled: revoke the users of leases that ended by expiry (the proxies end them too), and
+        beside it add the live ones to proxy processes that do not have them (`LeaseUsers.follow`: its
+        rounds wait on slow pods, the revokes do not wait for them)."""
+        await asyncio.gather(self._every(SWEEP_SECONDS, self.lease_users.sweep, "sweep"),
+                             self._every(FOLLOW_SECONDS, self.lease_users.follow, "follow"))  # fmt: skip
+
+    async def _every(self, seconds: float, step: Callable[..., Awaitable[None]], what: str) -> None:
         while True:
-            await asyncio.sleep(SWEEP_SECONDS)
+            await asyncio.sleep(seconds)
             try:
-                await self.lease_users.sweep(now=self._clock(), lookup=self.store.get_lease)
+                await step(now=self._clock(), lookup=self.store.get_lease)
             except Exception:  # a store hiccup: the next round retries; the proxies' own ends still hold
-                log.exception("lease user sweep failed")
+                log.exception("lease user %s failed", what)
