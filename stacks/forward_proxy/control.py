@@ -14,9 +14,10 @@ JSON object per line each way:
     {"op": "hello"}                                          -> {"ok": true, "instance": ID}
 
 No Pulumi run is involved: users live in the proxy's memory only and end with it. A proxy started again (a
-new pod of a rollout, a restart) knows none and answers `hello` with a new instance: the replica that
-issued a live user sees that and adds it again, by its digest (the service never keeps a password); until
-then, and for good when that replica is gone too, the lease's credentials fail closed.
+new pod of a rollout, a restarted container) knows none and answers `hello` with a new instance: on a
+`tcp://` channel the replica that issued a live user sees that and adds it again, by its digest (the
+service never keeps a password); until then, and for good when that replica is gone too (or for a `local`
+proxy, whose socket is not followed), the lease's credentials fail closed.
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ MAX_LINE = 4096
 MAX_TTL = 7 * 86400.0
 MAX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 IDLE_SECONDS = 10.0  # a tcp channel's wait for the next request line
-REFUSED = {"ok": False, "error": "refused"}
-# How often the service asks each process of a proxy with live lease users who it is, and adds them to one it
-# has not served (service/discovery/lease_users.py `follow`): a pod is not Ready before that (kubernetes.py).
-FOLLOW_SECONDS = 5.0  # a tcp request without the right token, whatever was wrong
+REFUSED = {"ok": False, "error": "refused"}  # a tcp request without the right token, whatever was wrong
+# How often the service asks each process of a proxy pod with live lease users who it is, and adds them to
+# one it has not served (service/discovery/lease_users.py `follow`): a pod is not Ready before that.
+FOLLOW_SECONDS = 5.0
 
 
 class ControlError(Exception):

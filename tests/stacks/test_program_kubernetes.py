@@ -14,6 +14,7 @@ import pytest
 from pulumi.runtime import rpc
 
 from stacks.forward_proxy.config import ProxyConfig
+from stacks.forward_proxy.control import FOLLOW_SECONDS
 from stacks.models import DEFAULT_KUBERNETES_IMAGE, KubernetesProvider
 from stacks.programs import kubernetes, threeproxy
 from stacks.programs.context import ProgramSettings
@@ -68,6 +69,9 @@ def test_deployment_is_non_root_read_only_limited_and_probed_on_the_proxy_port(m
     assert security["capabilities"] == {"drop": ["ALL"]}
     assert container["resources"]["limits"] == {"cpu": "500m", "memory": "128Mi"}
     assert container["readinessProbe"]["tcpSocket"] == {"port": 8080}
+    # Ready only after the service's round that gives a new pod the live lease users (control.FOLLOW_SECONDS)
+    assert container["readinessProbe"]["initialDelaySeconds"] > FOLLOW_SECONDS
+    assert container["readinessProbe"]["periodSeconds"] == 2
     assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
     assert container["ports"] == [{"name": "proxy", "containerPort": 8080, "protocol": "TCP"}]
     assert container["image"] == DEFAULT_KUBERNETES_IMAGE
