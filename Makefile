@@ -9,7 +9,7 @@ export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export PULUMI_SKIP_UPDATE_CHECK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps test-deps bench-deps venv tools kube-tools run test lint bench clean kvm-ssh-secret lock image faults
+.PHONY: help install system-deps test-deps bench-deps venv tools kube-tools kube-api-tools kube-node-tools run test lint bench clean kvm-ssh-secret lock image faults
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -36,9 +36,13 @@ $(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent
 	@bash scripts/install-tools.sh
 
-kube-tools: ## etcd, kube-apiserver, the provider plugin and the test node's programs and images (built once, cached outside the clone)
+kube-tools: kube-api-tools kube-node-tools ## etcd, kube-apiserver, the provider plugin and the test node's programs and images (built once, cached outside the clone)
+
+kube-api-tools: ## etcd, kube-apiserver and the Kubernetes provider plugin (what tests/kube's API-server tests need)
 	@bash scripts/install-kube.sh
 	@bash scripts/install-k8s-plugin.sh
+
+kube-node-tools: ## the test node's programs (kubelet, ..., CoreDNS) and its images
 	@bash scripts/install-kube-node.sh
 	@$(PYTHON) -m tests.kube.images
 

@@ -5,24 +5,33 @@
 # and the suite runs as it always did. On a cold machine its Go builds (kube-apiserver, the Kubernetes
 # provider plugin, the test node's programs: about 35 minutes of two cores) run in the background at low
 # priority while the tests that need none of them run; the ~240 that do run last and wait for the build
-# (tests/kube_tools_build.py), failing, never skipping, when it failed. Its output goes to
+# (tests/kube_tools_build.py), failing, never skipping, when it failed: those that need only the API
+# server's parts (built first) before those that need the test node. Its output goes to
 # .tools/kube-tools.log and is printed at the end. Arguments go to pytest.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py="${PY:-.venv/bin/python}"
 mkdir -p .tools
 log="$PWD/.tools/kube-tools.log"
-status="$PWD/.tools/kube-tools.status"
-rm -f "$status" "$status.tmp"
+status="$PWD/.tools/kube-tools.status"  # the whole build's exit code, once it ended
+api_status="$PWD/.tools/kube-api-tools.status"  # kube-api-tools' (etcd, kube-apiserver, the plugin)
+rm -f "$status" "$status.tmp" "$api_status" "$api_status.tmp"
 
+# The API server's parts first: the tests that need only them run while the node's programs build.
 # setsid: the build is a process group of its own, stopped whole if the suite is interrupted.
-setsid bash -c 'nice -n 10 make --no-print-directory kube-tools >"$1" 2>&1; echo $? >"$2.tmp"; mv "$2.tmp" "$2"' \
-  kube-tools "$log" "$status" &
+build='
+  set -u
+  nice -n 10 make --no-print-directory kube-api-tools >"$1" 2>&1; code=$?
+  echo "$code" >"$3.tmp" && mv "$3.tmp" "$3"
+  if [ "$code" = 0 ]; then nice -n 10 make --no-print-directory kube-node-tools >>"$1" 2>&1; code=$?; fi
+  echo "$code" >"$2.tmp" && mv "$2.tmp" "$2"'
+setsid bash -c "$build" kube-tools "$log" "$status" "$api_status" &
 builder=$!
 trap 'kill -- -"$builder" 2>/dev/null; exit 130' INT TERM
 printf '[kube-tools] make kube-tools runs beside the suite (pid %s, log %s)\n' "$builder" "$log"
 
-export PROXY_OPERATOR_KUBE_TOOLS_STATUS="$status" PROXY_OPERATOR_KUBE_TOOLS_LOG="$log"
+export PROXY_OPERATOR_KUBE_TOOLS_STATUS="$status" PROXY_OPERATOR_KUBE_API_TOOLS_STATUS="$api_status"
+export PROXY_OPERATOR_KUBE_TOOLS_LOG="$log"
 "$py" -m pytest --durations=25 "$@"  # the slowest 25 in the log: where the budget goes
 rc=$?
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_tools_build import SETTLE_SECONDS, BackgroundBuild, needs_tools, run_last
+from tests.kube_tools_build import SETTLE_SECONDS, BackgroundBuild, needs, run_last
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_BIN = ROOT / ".tools" / "bin"
@@ -47,11 +47,12 @@ def pytest_collection_modifyitems(
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test that needs the kube tools waits for their build, and fails (never skips) when it failed."""
-    build = BackgroundBuild.from_env()
-    if build is None or not needs_tools(item):
+    """A test that needs the kube tools waits for its part of their build, and fails (never skips) when it
+    failed."""
+    build, part = BackgroundBuild.from_env(), needs(item)
+    if build is None or part is None:
         return
-    code = build.wait(say=lambda line: _say(item.config, line))
+    code = build.wait(part, say=lambda line: _say(item.config, line))
     if code:
         pytest.fail(build.failure(code), pytrace=False)
 

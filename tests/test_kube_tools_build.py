@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from tests.kube_tools_build import BackgroundBuild, needs_tools, run_last
+from tests.kube_tools_build import API, NODE, BackgroundBuild, needs, needs_tools, run_last
 
 
 @dataclass
@@ -27,17 +27,26 @@ def items(*specs: FakeItem) -> list[pytest.Item]:
     return cast(list[pytest.Item], list(specs))
 
 
-def test_the_tests_that_need_the_tools_move_to_the_end_in_their_order() -> None:
+def test_the_tests_that_need_the_tools_move_to_the_end_the_node_ones_last() -> None:
     run = items(
         FakeItem("api", ["kube_api", "tmp_path"]),
         FakeItem("plain", ["tmp_path"]),
-        FakeItem("node", ["kube_node"]),
+        FakeItem("node", ["kube_node", "kube_api"]),
         FakeItem("own-apiserver", marked=True),
         FakeItem("other"),
     )
     assert run_last(run) == 3
-    assert [cast(FakeItem, i).name for i in run] == ["plain", "other", "api", "node", "own-apiserver"]
+    assert [cast(FakeItem, i).name for i in run] == ["plain", "other", "api", "own-apiserver", "node"]
+    assert [needs(i) for i in run] == [None, None, API, API, NODE]
     assert not needs_tools(run[0])
+
+
+def test_the_api_servers_part_is_read_from_its_own_status(tmp_path: Path) -> None:
+    build = BackgroundBuild(tmp_path / "status", tmp_path / "log", api_status=tmp_path / "api")
+    (tmp_path / "api").write_text("0\n")
+    assert (build.wait(API, within=0.1), build.wait(NODE, within=0.1)) == (0, None)  # the node still builds
+    (tmp_path / "status").write_text("0\n")
+    assert build.wait(NODE) == 0
 
 
 def test_a_running_build_is_waited_for_and_its_exit_code_read(tmp_path: Path) -> None:
