@@ -43,10 +43,6 @@ def needs(item: pytest.Item) -> str | None:
     return None
 
 
-def needs_tools(item: pytest.Item) -> bool:
-    return needs(item) is not None
-
-
 @dataclass
 class BackgroundBuild:
     status: Path

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from tests.kube_tools_build import API, NODE, BackgroundBuild, needs, needs_tools, run_last
+from tests.kube_tools_build import API, NODE, BackgroundBuild, needs, run_last
 
 
 @dataclass
@@ -38,7 +38,6 @@ def test_the_tests_that_need_the_tools_move_to_the_end_the_node_ones_last() -> N
     assert run_last(run) == 3
     assert [cast(FakeItem, i).name for i in run] == ["plain", "other", "api", "own-apiserver", "node"]
     assert [needs(i) for i in run] == [None, None, API, API, NODE]
-    assert not needs_tools(run[0])
 
 
 def test_the_api_servers_part_is_read_from_its_own_status(tmp_path: Path) -> None:

@@ -35,8 +35,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from service.kube.watch import Watcher  # noqa: E402
-from service.sources.kubernetes import FINALIZER  # noqa: E402
 from stacks.models import DEFAULT_KUBERNETES_IMAGE  # noqa: E402
+from tests.bench import bench_incluster as incluster  # noqa: E402
 from tests.bench.bench_incluster import create_proxies  # noqa: E402
 from tests.kube.cluster_fleet import BASE  # noqa: E402
 from tests.kube.node import running_node  # noqa: E402
@@ -65,35 +65,19 @@ def say(part: str) -> Any:
 # --- what the bench's own watch sees of the Proxies -------------------------------------------------------
 
 
-@dataclass
-class Seen:
-    phase: dict[str, str] = field(default_factory=dict)
-    finalized: set[str] = field(default_factory=set)
-    last_write: float = 0.0
-    lock: threading.Lock = field(default_factory=threading.Lock)
+Seen = incluster.Seen  # what the bench's own watch saw: per name, phase and finalizer
 
-    def take(self, obj: dict[str, Any], *, write: bool = True) -> None:
-        name = obj["metadata"]["name"]
-        with self.lock:
-            self.phase[name] = (obj.get("status") or {}).get("phase") or ""
-            if FINALIZER in (obj["metadata"].get("finalizers") or []):
-                self.finalized.add(name)
-            if write:
-                self.last_write = time.monotonic()
 
-    def counts(self) -> tuple[int, int]:
-        """Proxies of the unknown provider Stalled; Proxies finalized."""
-        with self.lock:
-            stalled = sum(1 for n, p in self.phase.items() if p == "Stalled" and n != REAL)
-            return stalled, len(self.finalized - {REAL})
+def counts(seen: Seen) -> tuple[int, int]:
+    """Proxies of the unknown provider Stalled; Proxies finalized (REAL left out of both)."""
+    with seen.lock:
+        stalled = sum(1 for n, p in seen.phase.items() if p == "Stalled" and n != REAL)
+        return stalled, len(seen.finalized - {REAL})
 
 
 def watch(service: ServiceInNode, seen: Seen) -> Watcher:
-    def listed(items: list[dict[str, Any]]) -> None:
-        for obj in items:
-            seen.take(obj, write=False)
-
-    watcher = Watcher(service.api, PATH, on_list=listed, on_event=lambda _, obj: seen.take(obj), name="bench")
+    on_event = lambda _, obj: seen.take(obj, write=True)  # noqa: E731
+    watcher = Watcher(service.api, PATH, on_list=seen.take_all, on_event=on_event, name="bench")
     watcher.start()
     watcher.synced.wait(120)
     return watcher
@@ -205,7 +189,7 @@ def wait_intake(service: ServiceInNode, seen: Seen, sampler: Sampler, started: f
     first POST to the last write seen."""
     last_report = time.monotonic()
     while True:
-        stalled, finalized = seen.counts()
+        stalled, finalized = counts(seen)
         now = time.monotonic()
         if stalled == finalized == PROXIES and now - seen.last_write > SETTLE:
             return seen.last_write - started

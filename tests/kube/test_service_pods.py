@@ -93,6 +93,12 @@ def lease_from(api: httpx.Client, target: str) -> dict[str, Any]:
     return dict(lease)
 
 
+def replica_api(service: ServiceInNode, replica: Any) -> httpx.Client:
+    """The discovery API of one service replica, by its pod address (each keeps its own memory store)."""
+    base = f"http://{replica.status.pod_ip}:8080"
+    return httpx.Client(base_url=base, headers=service.headers(), timeout=15, trust_env=False)
+
+
 def is_ready(pod: Any) -> bool:
     return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
 
@@ -121,9 +127,9 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
     [pod] = proxy_pods(service, "pod-1")
     for replica in service.pods():  # leader and follower alike: the follower serves the leader's status
 
-        def seen_healthy(address: str = replica.status.pod_ip) -> dict[str, Any] | None:
-            with httpx.Client(timeout=10, trust_env=False) as direct:
-                answer = direct.get(f"http://{address}:8080/v1/proxies", headers=service.headers())
+        def seen_healthy(pod: Any = replica) -> dict[str, Any] | None:
+            with replica_api(service, pod) as direct:
+                answer = direct.get("/v1/proxies")
             [item] = answer.json()["items"]
             return dict(item) if item["health"]["state"] == "healthy" else None
 
@@ -140,12 +146,7 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
     # that answered them (deploy/ keeps the discovery store in memory; a shared Redis store is the setting
     # for releases that may land on another replica).
     for replica, target in zip(service.ready_pods(), ("site.test", "other.test"), strict=False):
-        with httpx.Client(
-            base_url=f"http://{replica.status.pod_ip}:8080",
-            headers=service.headers(),
-            timeout=15,
-            trust_env=False,
-        ) as api:
+        with replica_api(service, replica) as api:
             lease = lease_from(api, target)
             assert lease["host"] == "px-crawl-pod-1.proxies.svc.cluster.local"
             # The service runs in the cluster: it reaches the pod's control port, a user of the lease's own.
@@ -178,12 +179,7 @@ def test_a_live_lease_keeps_its_user_through_a_rollout_of_its_proxy(
     [before] = proxy_pods(service, "pod-1")
     page = f"http://{kube_node.host_ip}:{web_port}/"
     [replica, *_] = service.ready_pods()
-    with httpx.Client(
-        base_url=f"http://{replica.status.pod_ip}:8080",
-        headers=service.headers(),
-        timeout=15,
-        trust_env=False,
-    ) as api:
+    with replica_api(service, replica) as api:
         lease = lease_from(api, "rollout.test")
         assert lease["credentialsScope"] == "lease", lease
         address = resolves(lease["host"], server=kube_node.dns_ip)
