@@ -7,7 +7,12 @@
 # priority while the tests that need none of them run; the ~240 that do run last and wait for the build
 # (tests/kube_tools_build.py), failing, never skipping, when it failed: those that need only the API
 # server's parts (built first) before those that need the test node. Its output goes to
-# .tools/kube-tools.log and is printed at the end. Arguments go to pytest.
+# .tools/kube-tools.log and is printed at the end.
+#
+# The whole suite (no arguments) runs as two pytest processes side by side: the tests that need the test node
+# (about 50; they mostly wait on pods, rollouts and the provider's awaits) in the background, their output in
+# .tools/node-tests.log, printed at the end; every other test in the foreground. Arguments go to pytest, and
+# then it is one process, as is PROXY_OPERATOR_TEST_SPLIT=0.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 py="${PY:-.venv/bin/python}"
@@ -32,8 +37,36 @@ printf '[kube-tools] make kube-tools runs beside the suite (pid %s, log %s)\n' "
 
 export PROXY_OPERATOR_KUBE_TOOLS_STATUS="$status" PROXY_OPERATOR_KUBE_API_TOOLS_STATUS="$api_status"
 export PROXY_OPERATOR_KUBE_TOOLS_LOG="$log"
+
+node_pid=""
+if [ "$#" = 0 ] && [ "${PROXY_OPERATOR_TEST_SPLIT:-1}" != 0 ]; then
+  node_log="$PWD/.tools/node-tests.log"
+  node_tmp="$(mktemp -d "${TMPDIR:-/tmp}/proxy-operator-node-tests.XXXXXX")"  # its own pytest folders
+  # No cache plugin: two processes must not write .pytest_cache at once. SIGINT on an interrupt, not
+  # SIGTERM: pytest then runs the node fixture's teardown, which puts the host back (a background job
+  # starts with SIGINT ignored: the wrapper gives it Python's handler back).
+  interruptible='import signal, sys, pytest; signal.signal(signal.SIGINT, signal.default_int_handler); sys.exit(pytest.main(sys.argv[1:]))'
+  PROXY_OPERATOR_TEST_SHARE=node "$py" -c "$interruptible" --durations=15 -p no:cacheprovider \
+    --basetemp "$node_tmp/run" </dev/null >"$node_log" 2>&1 &
+  node_pid=$!
+  trap 'kill -INT "$node_pid" 2>/dev/null; wait "$node_pid"; kill -- -"$builder" 2>/dev/null; exit 130' INT TERM
+  printf '[node-tests] the test node'"'"'s tests run beside the suite (pid %s, log %s)\n' "$node_pid" "$node_log"
+  export PROXY_OPERATOR_TEST_SHARE=rest
+fi
 "$py" -m pytest --durations=25 "$@"  # the slowest 25 in the log: where the budget goes
 rc=$?
+
+if [ -n "$node_pid" ]; then
+  started=$SECONDS
+  wait "$node_pid"; node_rc=$?
+  printf '[node-tests] ended with exit %s, %s s after the rest of the suite; it said:\n' \
+    "$node_rc" "$((SECONDS - started))"
+  sed 's/^/  /' "$node_log"
+  rm -rf "$node_tmp"
+  if [ "$node_rc" != 0 ] && [ "$rc" = 0 ]; then
+    rc="$node_rc"
+  fi
+fi
 
 wait "$builder"
 code="$(cat "$status" 2>/dev/null || echo 1)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kube_tools_build import SETTLE_SECONDS, BackgroundBuild, needs, run_last
+from tests.kube_tools_build import SETTLE_SECONDS, SHARE_ENV, BackgroundBuild, needs, run_last, share
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_BIN = ROOT / ".tools" / "bin"
@@ -36,7 +36,10 @@ def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """With `make kube-tools` still building beside the suite (scripts/test.sh, tests/kube_tools_build.py),
-    the tests that need its programs run last."""
+    the tests that need its programs run last. With PROXY_OPERATOR_TEST_SHARE set, only that share of the
+    suite runs (tests/kube_tools_build.py `share`)."""
+    if (which := os.environ.get(SHARE_ENV)) and (left := share(items, which)):
+        config.hook.pytest_deselected(items=left)
     build = BackgroundBuild.from_env()
     if build is None or build.wait(within=SETTLE_SECONDS) is not None:
         return

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+SHARE_ENV = "PROXY_OPERATOR_TEST_SHARE"  # scripts/test.sh: "node" (the test node's tests) or "rest"
 STATUS_ENV = "PROXY_OPERATOR_KUBE_TOOLS_STATUS"  # the file scripts/test.sh writes the build's exit code to
 API_STATUS_ENV = "PROXY_OPERATOR_KUBE_API_TOOLS_STATUS"  # the same once kube-api-tools ended
 LOG_ENV = "PROXY_OPERATOR_KUBE_TOOLS_LOG"
@@ -41,6 +42,20 @@ def needs(item: pytest.Item) -> str | None:
     if "kube_api" in fixtures or item.get_closest_marker("kube_tools") is not None:
         return API
     return None
+
+
+def share(items: list[pytest.Item], which: str) -> list[pytest.Item]:
+    """Keep in `items` the tests of one share of the suite: "node", the tests that need the test node, or
+    "rest", every other; the ones left out, returned. scripts/test.sh runs the two shares as two pytest
+    processes side by side: the node's tests mostly wait (on pods, rollouts, the provider's awaits), so they
+    cost the run their CPU time, not their length."""
+    if which not in (NODE, "rest"):
+        raise pytest.UsageError(f"{SHARE_ENV}={which!r}: expected {NODE!r} or 'rest'")
+    kept, left = [], []
+    for item in items:
+        (kept if (needs(item) == NODE) == (which == NODE) else left).append(item)
+    items[:] = kept
+    return left
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 import pytest
 
-from tests.kube_tools_build import API, NODE, BackgroundBuild, needs, run_last
+from tests.kube_tools_build import API, NODE, BackgroundBuild, needs, run_last, share
 
 
 @dataclass
@@ -72,3 +72,20 @@ def test_a_failed_build_is_told_with_the_end_of_its_log(tmp_path: Path) -> None:
 def test_without_the_script_there_is_nothing_to_wait_for(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PROXY_OPERATOR_KUBE_TOOLS_STATUS", raising=False)
     assert BackgroundBuild.from_env() is None
+
+
+def test_the_two_shares_of_the_suite_are_the_node_tests_and_every_other() -> None:
+    run = items(
+        FakeItem("api", ["kube_api"]),
+        FakeItem("node", ["kube_node", "kube_api"]),
+        FakeItem("plain", ["tmp_path"]),
+        FakeItem("pods", ["node_fleet", "kube_node"]),
+    )
+    node = list(run)
+    assert [cast(FakeItem, i).name for i in share(node, NODE)] == ["api", "plain"]
+    assert [cast(FakeItem, i).name for i in node] == ["node", "pods"]
+    rest = list(run)
+    assert [cast(FakeItem, i).name for i in share(rest, "rest")] == ["node", "pods"]
+    assert [cast(FakeItem, i).name for i in rest] == ["api", "plain"]
+    with pytest.raises(pytest.UsageError, match="expected 'node' or 'rest'"):
+        share(list(run), "nodes")
