@@ -71,8 +71,7 @@ def leased(
     assert endpoint.host is not None
     assert endpoint.port is not None
     username, password = (user.username, user.password) if user else (endpoint.username, endpoint.password)
-    # Built from our own values, of the declared types: not validated again (every lease pays for it).
-    return LeasedProxy.model_construct(
+    return LeasedProxy(
         lease_id=lease.lease_id,
         expires_at=timestamp(lease.expires_at),
         key=endpoint.key,

@@ -84,7 +84,7 @@ def _response(grant: LeaseGrant, *, query: LeaseQuery, granted: Granted, ctx: Co
             health = ctx.inventory.health(lease.proxy)
             user = grant.users.get(lease.lease_id)
             items.append(leased(lease, endpoint=endpoint, health=health, user=user))
-    return LeaseResponse.model_construct(  # our own values (convert.leased): not validated again
+    return LeaseResponse(
         leases=items,
         target=query.target,
         session=grant.session,
