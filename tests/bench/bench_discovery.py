@@ -106,10 +106,10 @@ def _app(kind: str, redis_url: str | None, prefix: str = "bench"):  # type: igno
         health = Health(state=HealthState.healthy, egress_ip=f"10.0.{i // 250}.{i % 250}")
         inventory.set_health(f"bench/p{i:05d}", health)
     store = RedisStore.from_url(redis_url, prefix=prefix) if kind == "redis" else MemoryStore()
-    settings = DiscoverySettings()
+    settings = DiscoverySettings(lease_burst=100_000)  # 100 connections at once: no 429 lease_rate either
     discovery = DiscoveryService(inventory=inventory, store=store, settings=settings)
-    # One client stands for the crawlers: its own limits let every lease through (the bench measures leases,
-    # not 429s; the fair-share bookkeeping still runs on each one).
+    # One client stands for the crawlers: its limits (and the burst above) let every lease through (the
+    # bench measures leases, not 429s; the fair-share bookkeeping still runs on each one).
     entry = TokenEntry(
         name="bench", scopes={"lease"}, sha256=hash_token(TOKEN), lease_rate=100_000, lease_share=1.0
     )
