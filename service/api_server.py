@@ -1,9 +1,8 @@
 """The API's HTTP server: uvicorn on uvloop's event loop, parsing HTTP with httptools.
 
 Both are pinned runtime dependencies (pyproject.toml), named here explicitly and never left to uvicorn's
-"auto" (which falls back to asyncio's loop and h11 without a word when they are missing): on the same
-machine a bare route serves about twice the requests per CPU-second on them (docs/decisions.md, "The API's
-server"). There is no fallback: every platform the service runs on (Linux and macOS, where the Pulumi CLI
+"auto" (which falls back to asyncio's loop and h11 without a word when they are missing): on asyncio and
+h11 a request costs 40-60 % more CPU (docs/decisions.md, "Leases and our `up`"). There is no fallback: every platform the service runs on (Linux and macOS, where the Pulumi CLI
 and the `local` proxies run) has wheels of both, and a service that silently halved its capacity is worse
 than one that does not start. `serve` logs what actually serves (`describe`), and a test reads that line
 from the running process.
