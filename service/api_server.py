@@ -2,10 +2,10 @@
 
 Both are pinned runtime dependencies (pyproject.toml), named here explicitly and never left to uvicorn's
 "auto" (which falls back to asyncio's loop and h11 without a word when they are missing): on asyncio and
-h11 a request costs 40-60 % more CPU (docs/decisions.md, "Leases and our `up`"). There is no fallback: every platform the service runs on (Linux and macOS, where the Pulumi CLI
-and the `local` proxies run) has wheels of both, and a service that silently halved its capacity is worse
-than one that does not start. `serve` logs what actually serves (`describe`), and a test reads that line
-from the running process.
+h11 a request costs 40-60 % more CPU (docs/decisions.md, "Leases and our `up`"). There is no fallback:
+every platform the service runs on (Linux and macOS, where the Pulumi CLI and the `local` proxies run) has
+wheels of both, and a service that silently lost a third of its capacity is worse than one that does not
+start. `serve` logs what actually serves (`describe`), and a test reads that line from the running process.
 
 The loop is made by whoever runs the coroutine: `run` gives `serve` the loop this config names (asyncio.run
 would make a plain asyncio loop, whatever the config says).
