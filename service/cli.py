@@ -16,7 +16,7 @@ from service.kube.settings import KubeSettings
 from service.logging_setup import configure_logging
 from service.runner import apply_once
 from service.serve import build_service, token_hint
-from service.serve import serve as serve_forever
+from service.serve import run as run_service
 from service.validate import validate_manifests
 
 app = typer.Typer(no_args_is_help=True, help="Run and inspect a fleet of forward proxies for crawlers.")
@@ -119,7 +119,7 @@ def serve(
     url = f"http://{settings.listen_host}:{service.port}"
     mode = f"folder {manifests}" if manifests is not None else "in-cluster"
     typer.echo(f"serving on {url} ({mode}; token: {token_hint(settings)}); Ctrl-C stops cleanly")
-    asyncio.run(serve_forever(service))
+    run_service(service)
 
 
 def pick_mode(manifests: Path | None, kubeconfig: Path | None) -> KubeSettings | None:

@@ -21,7 +21,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from automation.inspect import StackInspector
-from service import ui
+from service import api_server, ui
 from service.api import create_app
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.config import OperatorSettings, secret_file
@@ -194,7 +194,7 @@ def _assemble(
         ui.install(app, page)
     if isinstance(controller, ClusterMode):  # the followers' page shows what only the leader knows
         controller.summary_task.content = summary_content(controller, owner=settings.installation_name())
-    config = uvicorn.Config(
+    config = api_server.server_config(
         app,
         host=settings.listen_host,
         port=listen_port,
@@ -228,6 +228,11 @@ class ApiServer(uvicorn.Server):
             self._captured_signals.clear()
 
 
+def run(service: Service) -> None:
+    """`serve` on the event loop the API's server is configured with (service/api_server.py)."""
+    api_server.run(serve(service), service.server.config)
+
+
 async def serve(service: Service) -> None:
     stop = asyncio.Event()
     control = asyncio.create_task(service.controller.run(stop), name="controller")
@@ -235,6 +240,7 @@ async def serve(service: Service) -> None:
         service.prober.run() if isinstance(service.controller, Controller) else stop.wait(), name="prober"
     )
     try:
+        log.info("API served by uvicorn on %s", api_server.describe(service.server.config))
         await service.server.serve(sockets=[service.listener])
     finally:
         service.listener.close()  # uvicorn closes it on a clean shutdown; not when its startup failed

@@ -25,6 +25,7 @@ from pulumi import automation as auto
 
 from automation.engine.command import PulumiAt
 from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, OWNER_TAG, EngineConfig, StackInput
+from automation.engine.config_cache import ConfigCache, config_digest
 from automation.engine.errors import STACK_NOT_FOUND, translate
 from automation.engine.events import EventLogger
 from automation.engine.locks import LockRecovery
@@ -43,6 +44,7 @@ class Engine:
         self.config = config
         self._command = PulumiAt(config.pulumi, fenced=config.fenced)
         self._locks = LockRecovery(hostname=config.hostname, foreign_gone=config.foreign_lock_gone)
+        self._written = ConfigCache()  # shared by the term views: each entry names its term
         self.term: Term | None = None
 
     def in_term(self, term: Term) -> Engine:
@@ -57,7 +59,9 @@ class Engine:
     # --- operations -----------------------------------------------------------------------------------
 
     def up(self, spec: StackInput, *, refresh: bool = False) -> OperationResult:
-        with self._operation(spec.name, "up") as (stack, events):
+        if refresh:  # a repair: nothing about the stack is taken on trust, its config included
+            self._written.forget(spec.name)
+        with self._forgotten_on_failure(spec.name), self._operation(spec.name, "up") as (stack, events):
             self._configure(stack, spec)
             result = self._retry_lock(
                 stack, lambda: stack.up(on_event=events, refresh=refresh, parallel=self.config.parallel)
@@ -67,7 +71,7 @@ class Engine:
             )
 
     def preview(self, spec: StackInput) -> list[PreviewStep]:
-        with self._operation(spec.name, "preview") as (stack, events):
+        with self._forgotten_on_failure(spec.name), self._operation(spec.name, "preview") as (stack, events):
             self._configure(stack, spec)
             self._retry_lock(stack, lambda: stack.preview(on_event=events))
             return steps_from_events(events.events)
@@ -112,6 +116,7 @@ class Engine:
         """Destroy every resource of a stack, then remove the stack. None when there was no stack."""
         if not self.exists(name):
             return None
+        self._written.forget(name)  # gone with the stack, or half gone if this fails
         with self._operation(name, "destroy", create=False) as (stack, events):
             result = self._retry_lock(stack, lambda: stack.destroy(on_event=events))
             stack.workspace.remove_stack(name)
@@ -222,6 +227,7 @@ class Engine:
         try:
             return auto.Stack.select(name, workspace)
         except auto.errors.StackNotFoundError:
+            self._written.forget(name)  # whatever was written for a stack of that name before
             stack = auto.Stack.create(name, workspace)
         if self.config.installation:
             stack.set_tag(OWNER_TAG, self.config.installation)
@@ -253,7 +259,23 @@ class Engine:
         if spec.provider_credentials is not None:
             key = f"{CONFIG_NAMESPACE}:providerCredentials"
             config[key] = auto.ConfigValue(spec.provider_credentials, secret=True)
+        digest = config_digest({key: (value.value, value.secret) for key, value in config.items()})
+        work_dir = Path(stack.workspace.work_dir)
+        if self._written.holds(stack=spec.name, term=self.term, config=digest, work_dir=work_dir):
+            log.debug("config of %s: as this term last set it", spec.name)
+            return
         stack.set_all_config(config)
+        self._written.record(stack=spec.name, term=self.term, config=digest, work_dir=work_dir)
+
+    @contextmanager
+    def _forgotten_on_failure(self, name: str) -> Iterator[None]:
+        """Forget what was written as `name`'s config when the block fails: the next operation on it sets
+        its config again (automation/engine/config_cache.py)."""
+        try:
+            yield
+        except BaseException:
+            self._written.forget(name)
+            raise
 
     def _workspace(self, name: str | None) -> auto.LocalWorkspace:
         work_dir = self.config.state_dir / "work" / (name or "_list")

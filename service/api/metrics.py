@@ -13,6 +13,7 @@ class ApiMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.leases_ok, self.leases_rebound = self.leases.labels("ok"), self.leases.labels("rebound")
         self.leased = Counter("proxy_operator_leased_proxies_total", "Proxies handed out.", registry=registry)
         self.releases = Counter(
             "proxy_operator_lease_releases_total", "Leases ended early by their client.", registry=registry

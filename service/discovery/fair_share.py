@@ -19,6 +19,7 @@ rules in Lua; tests/service/test_store_conformance.py holds both stores to one b
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection
 
@@ -44,10 +45,15 @@ def charged(tat: float, *, now: float, rate: float, count: int) -> float:
 
 
 class MemoryHoldings:
-    """Per client, its active leases (lease id -> proxy, end) and its rate bucket."""
+    """Per client, its active leases (lease id -> proxy, end) and its rate bucket.
+
+    Beside the leases: how many of them each proxy has (so the number of distinct proxies a client holds is
+    a `len`) and a heap of their ends (so expiry costs what expires, not every lease the client has)."""
 
     def __init__(self) -> None:
         self._active: dict[str, dict[str, tuple[str, float]]] = {}
+        self._per_proxy: dict[str, dict[str, int]] = {}  # client -> proxy -> its leases in _active
+        self._ends: dict[str, list[tuple[float, str]]] = {}  # client -> heap of (end, lease id)
         # (client, target) -> proxy -> end of the penalty the client's report set for that target
         self._banned: dict[tuple[str, str], dict[str, float]] = {}
         self._tat: dict[str, float] = {}
@@ -55,17 +61,21 @@ class MemoryHoldings:
     def held(self, client: str, *, target: str, pool: Collection[str], now: float) -> dict[str, float]:
         """The proxies of `pool` the client holds now for a request for `target` (a lease, for any target, or
         a running penalty its report set for this target), each with when it stops holding it."""
+        self._expire(client, now=now)
         mine: dict[str, float] = {}
-        leases = self._active.get(client, {})
-        for lease_id in [lid for lid, (_, end) in leases.items() if end <= now]:
-            del leases[lease_id]
-        for proxy, end in leases.values():
+        for proxy, end in self._active.get(client, {}).values():
             if proxy in pool:
                 mine[proxy] = max(mine.get(proxy, 0.0), end)
         for proxy, end in self._banned.get((client, target), {}).items():
             if end > now and proxy in pool:
                 mine[proxy] = max(mine.get(proxy, 0.0), end)
         return mine
+
+    def most_held(self, client: str, *, target: str, now: float) -> int:
+        """At least as many as `held` would return for any pool (every proxy with a lease, every ban for
+        `target`, running or not): a client this far under its limit cannot reach it with one request."""
+        self._expire(client, now=now)
+        return len(self._per_proxy.get(client, ())) + len(self._banned.get((client, target), ()))
 
     def banned(self, client: str, *, target: str, proxy: str, until: float) -> None:
         """A penalty on `proxy` for `target` that `client`'s report set (or lengthened) runs until `until`."""
@@ -81,6 +91,9 @@ class MemoryHoldings:
 
     def took(self, client: str, lease_id: str, *, proxy: str, end: float, tat: float | None) -> None:
         self._active.setdefault(client, {})[lease_id] = (proxy, end)
+        counts = self._per_proxy.setdefault(client, {})
+        counts[proxy] = counts.get(proxy, 0) + 1
+        heapq.heappush(self._ends.setdefault(client, []), (end, lease_id))
         if tat is not None:
             self._tat[client] = tat
 
@@ -90,13 +103,11 @@ class MemoryHoldings:
         entry = leases.get(lease_id)
         if entry is not None:
             leases[lease_id] = (entry[0], end)
+            heapq.heappush(self._ends[client], (end, lease_id))  # its earlier end, popped, finds it moved
 
     def sweep(self, *, now: float) -> None:
-        for client, leases in list(self._active.items()):
-            for lease_id in [lid for lid, (_, end) in leases.items() if end <= now]:
-                del leases[lease_id]
-            if not leases:
-                del self._active[client]
+        for client in list(self._active):
+            self._expire(client, now=now)
         for pair, bans in list(self._banned.items()):
             for proxy in [p for p, end in bans.items() if end <= now]:
                 del bans[proxy]
@@ -104,3 +115,22 @@ class MemoryHoldings:
                 del self._banned[pair]
         for client in [c for c, tat in self._tat.items() if tat <= now]:
             del self._tat[client]
+
+    def _expire(self, client: str, *, now: float) -> None:
+        """Drop the client's leases that ended by `now` (each has an entry at its current end in the heap)."""
+        ends = self._ends.get(client)
+        if not ends or ends[0][0] > now:
+            return
+        leases, counts = self._active[client], self._per_proxy[client]
+        while ends and ends[0][0] <= now:
+            lease_id = heapq.heappop(ends)[1]
+            entry = leases.get(lease_id)
+            if entry is not None and entry[1] <= now:
+                del leases[lease_id]
+                left = counts[entry[0]] - 1
+                if left:
+                    counts[entry[0]] = left
+                else:
+                    del counts[entry[0]]
+        if not leases:
+            del self._active[client], self._per_proxy[client], self._ends[client]

@@ -100,6 +100,8 @@ class LeaseUsers:
         """Push a user for each lease on a scoped proxy, all at once: (users by lease id, leases whose push
         failed: they must not be answered)."""
         scoped = [(lease, chan) for lease in leases if (chan := self.channel(lease.proxy)) is not None]
+        if not scoped:
+            return {}, []
         users = {
             lease.lease_id: LeaseUser(user_of(lease.lease_id), self._new_password()) for lease, _ in scoped
         }

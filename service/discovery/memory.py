@@ -20,7 +20,15 @@ from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
 from service.discovery.handout_order import HandOutOrder
 from service.discovery.report_book import ReportBook
 from service.discovery.report_summary import ReportEntry, ReportSummaries
-from service.discovery.store import Acquired, AcquireRequest, ErrorVotes, LeaseRecord, Limited, Penalty
+from service.discovery.store import (
+    Acquired,
+    AcquireRequest,
+    ErrorVotes,
+    FairShare,
+    LeaseRecord,
+    Limited,
+    Penalty,
+)
 
 # Expired entries are swept at most this often (store-clock seconds); leases stay readable this long
 # after expiry, so late reports still find them.
@@ -104,7 +112,11 @@ class MemoryStore:
         mine: dict[str, float] = {}
         room: int | None = None  # distinct proxies the client may still add; None: no limit applies
         full = False
-        if share is not None and share.holding is not None:
+        if (
+            share is not None
+            and share.holding is not None
+            and not self._far_under(request, share, count, now)
+        ):
             mine = self._holdings.held(request.client, target=request.target, pool=share.pool, now=now)
             room = share.holding - len(mine)
             if room <= 0:  # its share is taken: only the proxies it holds (for other targets) may come again
@@ -140,6 +152,13 @@ class MemoryStore:
             until = min(mine.values())
             limited = Limited("lease_share", min(until, earliest) if earliest is not None else until)
         return Acquired(leases=leases, earliest=earliest, limited=limited)
+
+    def _far_under(self, request: AcquireRequest, share: FairShare, count: int, now: float) -> bool:
+        """Can this request not reach the client's holding limit, however it goes? Then no limit applies to
+        it, and its holdings need not be counted (a client that never releases holds thousands)."""
+        assert share.holding is not None
+        most = self._holdings.most_held(request.client, target=request.target, now=now)
+        return most + count <= share.holding
 
     def _hand_out(
         self, request: AcquireRequest, picked: list[str], *, held: dict[str, float], now: float

@@ -44,6 +44,13 @@ end
 local mine, mine_list, room, full = {}, {}, nil, false
 if holding then
   redis.call('ZREMRANGEBYSCORE', act, '-inf', fmt(now))
+  -- At most this many distinct proxies are held (a lease each, a ban each): far enough under the limit,
+  -- this request cannot reach it, and the client's leases need not be read (one that never releases
+  -- holds thousands).
+  local most = redis.call('ZCARD', act) + redis.call('ZCOUNT', banby, '(' .. fmt(now), '+inf')
+  if most + count <= holding then holding = nil end
+end
+if holding then
   local ids = redis.call('ZRANGE', act, 0, -1, 'WITHSCORES')
   for i = 1, #ids, 2 do
     local proxy = redis.call('HGET', lease_prefix .. ids[i], 'proxy')

@@ -12,9 +12,9 @@ import asyncio
 import dataclasses
 import logging
 import math
+import os
 import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -70,7 +70,7 @@ class DiscoveryService:
         settings: DiscoverySettings,
         clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
-        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        new_id: Callable[[], str] = lambda: os.urandom(16).hex(),  # as uuid4().hex looks, for less
         on_error_report: Callable[[str], None] | None = None,
         no_candidate_retry: float = 10.0,
         lease_users: LeaseUsers | None = None,
@@ -121,6 +121,8 @@ class DiscoveryService:
         cooldown keeps that proxy away from this client and target) and left out of the answer."""
         now = self._clock()
         users, failed = await self.lease_users.issue(grant.leases, now=now)
+        if not users and not failed:  # no proxy of these gives leases their own users
+            return grant
         for lease in failed:
             await self.store.release(lease.lease_id, now=now, cooldown=self.settings.cooldown_seconds)
         if not failed:

@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Load, bodies, run_python, run_wrk, wrk  # noqa: E402
 
 from tests.ports import free_port  # noqa: E402
+from tests.pproxy_command import PPROXY  # noqa: E402
 
 PROXIES = 10_000
 BANNED = int(os.environ.get("BENCH_BANNED", "500"))  # the LRU's front (never used, by key), banned everywhere
@@ -49,14 +50,22 @@ WARM_UP = 1.0
 TOKEN = "bench-token"
 PY = sys.executable
 PAYLOADS = bodies(targets=TARGETS, sessions=SESSIONS)
+SERVER = os.environ.get("BENCH_SERVER", "uvloop")  # "asyncio": asyncio's loop and h11, for comparison
 
 
 # --- the servers (a child process: `bench_discovery.py serve <kind> <port> [redis-url [prefix]]`) ---
 def serve(kind: str, port: int, redis_url: str | None, prefix: str) -> None:
+    """`kind` on the server `serve` runs (service/api_server.py), or on uvicorn's plain asyncio loop and h11
+    (BENCH_SERVER=asyncio, the server before issue 20)."""
     import uvicorn
 
-    app = _app(kind, redis_url, prefix)
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    from service.api_server import server_config
+
+    options: dict[str, Any] = {"log_level": "warning", "access_log": False}
+    if SERVER == "asyncio":
+        options.update(loop="asyncio", http="h11")
+    config = server_config(_app(kind, redis_url, prefix), host="127.0.0.1", port=port, **options)
+    uvicorn.Server(config).run()
 
 
 def _app(kind: str, redis_url: str | None, prefix: str = "bench"):  # type: ignore[no-untyped-def]
@@ -97,9 +106,13 @@ def _app(kind: str, redis_url: str | None, prefix: str = "bench"):  # type: igno
         health = Health(state=HealthState.healthy, egress_ip=f"10.0.{i // 250}.{i % 250}")
         inventory.set_health(f"bench/p{i:05d}", health)
     store = RedisStore.from_url(redis_url, prefix=prefix) if kind == "redis" else MemoryStore()
-    settings = DiscoverySettings()
+    settings = DiscoverySettings(lease_burst=100_000)  # 100 connections at once: no 429 lease_rate either
     discovery = DiscoveryService(inventory=inventory, store=store, settings=settings)
-    entry = TokenEntry(name="bench", scopes={"lease"}, sha256=hash_token(TOKEN))
+    # One client stands for the crawlers: its limits (and the burst above) let every lease through (the
+    # bench measures leases, not 429s; the fair-share bookkeeping still runs on each one).
+    entry = TokenEntry(
+        name="bench", scopes={"lease"}, sha256=hash_token(TOKEN), lease_rate=100_000, lease_share=1.0
+    )
 
     @asynccontextmanager
     async def lifespan(_: Any) -> AsyncIterator[None]:
@@ -314,7 +327,7 @@ def probes() -> float:
     for port in listeners:
         processes.append(
             subprocess.Popen(
-                [PY, "-m", "pproxy", "-l", f"http://127.0.0.1:{port}#user:pass"],
+                [*PPROXY, "-l", f"http://127.0.0.1:{port}#user:pass"],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )

@@ -8,7 +8,6 @@ import random
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -24,6 +23,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from service.api import create_app
+from service.api_server import server_config
 from service.auth import TokenAuthenticator, hash_token
 from service.discovery.memory import MemoryStore
 from service.discovery.redis_store import RedisStore
@@ -32,6 +32,7 @@ from service.discovery.store import Store
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 from service.settings import DiscoverySettings
 from tests.ports import free_port
+from tests.pproxy_command import PPROXY
 
 TOKENS = {
     "crawler-a": ("token-a", ["lease", "report"]),
@@ -94,7 +95,8 @@ class UvicornThread:
     thread; `stop()` ends both."""
 
     def __init__(self, app: Any, *, port: int = 0) -> None:
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        # The server `serve` runs (uvloop, httptools), in this thread's own loop.
+        config = server_config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
 
@@ -294,7 +296,7 @@ class Pproxy:
     def start(self) -> Pproxy:
         uri = f"{self.protocol}://127.0.0.1:{self.port}#{self.credentials}"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pproxy", "-l", uri], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            [*PPROXY, "-l", uri], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + 10
         while not _listening(self.port):

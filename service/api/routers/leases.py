@@ -71,7 +71,7 @@ async def create_lease(
         raise
     finally:
         ctx.metrics.lease_seconds.observe(time.perf_counter() - started)
-    ctx.metrics.leases.labels("rebound" if lease_grant.rebound else "ok").inc()
+    (ctx.metrics.leases_rebound if lease_grant.rebound else ctx.metrics.leases_ok).inc()
     ctx.metrics.leased.inc(len(lease_grant.leases))
     return _response(lease_grant, query=query, granted=granted, ctx=ctx)
 
