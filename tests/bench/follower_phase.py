@@ -370,7 +370,7 @@ def _lease_status(port: int, token: str) -> int:
 
 
 def report(windows: list[Window]) -> None:
-    print("event-loop lag (p99 of the service's 10 ms sleep overshoot), CPU and leases, per window:")
+    print("event-loop lag (p99 of the service's 20 ms sleep's overshoot), CPU and leases, per window:")
     for window in windows:
         print(window.line())
     follower = next(
