@@ -2,8 +2,8 @@
 
 The follower: `serve --kubeconfig` as a second replica that never leads (the bench holds its Lease for an
 hour as `bench-leader`), over the same 10,000 Proxies, each given a status as a leader writes it (address,
-stack, egress IP, Healthy True; `auth: none`, so no credentials Secret is needed): its inventory is then the
-whole fleet. Measured, one window each: the time to its first lease, the lag and CPU while quiet, a paced
+stack, egress IP, Healthy True) and the credentials Secret a leader writes for each: its inventory is then
+the whole fleet. Measured, one window each: the time to its first lease, the lag and CPU while quiet, a paced
 lease load, the same load while the bench flips the Healthy condition of `BENCH_CHURN` Proxies a second (a
 leader's probe transitions). The baseline is the same lease load on the same route over a static inventory
 of 10,000 healthy proxies (bench_discovery.py's server, what the folder mode serves from, without a control
@@ -36,7 +36,9 @@ import httpx
 from kubernetes.client import ApiClient
 
 from service.kube.client import request_json
+from service.kube.credentials import Credentials, CredentialsWriter
 from service.kube.lease import LeaseRecord, write_lease
+from service.kube.refs import ProxyRef
 from tests.ports import free_port
 
 LoadFn = Callable[[float], tuple[list[float], int]]  # seconds -> (latencies, answers not 2xx)
@@ -234,6 +236,34 @@ def write_statuses(
     return time.monotonic() - started
 
 
+def write_secrets(client: Callable[[], ApiClient], path: str, namespace: str) -> float:
+    """The credentials Secret a leader writes for each Proxy (owned by it), 16 threads; seconds taken."""
+    local = threading.local()
+    uids, token = [], None
+    api = client()
+    while True:
+        query: list[tuple[str, Any]] = [("limit", 500)] + ([("continue", token)] if token else [])
+        page = request_json(api, "GET", path, query=query, timeout=(10, 60))
+        uids += [(o["metadata"]["name"], o["metadata"]["uid"], o["spec"]["port"]) for o in page["items"]]
+        token = page["metadata"].get("continue")
+        if not token:
+            break
+
+    def write(item: tuple[str, str, int]) -> None:
+        if not hasattr(local, "writer"):
+            local.writer = CredentialsWriter(client())
+        name, uid, port = item
+        ref = ProxyRef(namespace=namespace, name=name, uid=uid, generation=1)
+        local.writer.write(
+            ref, Credentials(host="127.0.0.1", port=port, protocol="http", username="u", password="p")
+        )
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(write, uids))
+    return time.monotonic() - started
+
+
 def churn(
     client: Callable[[], ApiClient], path: str, names: list[tuple[str, int]]
 ) -> Callable[[LoadFn], LoadFn]:
@@ -313,6 +343,8 @@ def follower_phase(
     path = f"/apis/crawl.example.com/v1alpha1/namespaces/{namespace}/proxies"
     took = write_statuses(client, path, names)
     print(f"follower phase: a leader's status written on {len(names)} Proxies in {took:.1f} s")
+    took = write_secrets(client, path, namespace)
+    print(f"  and their credentials Secrets in {took:.1f} s")
     hold_lease(api, namespace)
     env = {
         **LEASE_ENV,
