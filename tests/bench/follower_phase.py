@@ -368,6 +368,7 @@ def follower_phase(
         startup = quantile({}, lag_buckets(url)) * 1000
         windows.append(Window("follower, start to first lease", time.monotonic() - svc.started, startup, 0.0))
         windows.append(measure("follower, quiet", url=url, pid=pid, seconds=WINDOW))
+        print(f"  follower RSS after the quiet window: {_rss_mib(pid):.1f} MiB (its own process)")
         leases = paced_leases(port, token)
         windows.append(
             measure(f"follower, {LEASE_RATE:.0f} leases/s", url=url, pid=pid, seconds=WINDOW, load=leases)
@@ -386,6 +387,13 @@ def follower_phase(
         process.terminate()
         process.wait(timeout=20)
     return windows
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def _lease_status(port: int, token: str) -> int:
