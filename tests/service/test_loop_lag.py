@@ -1,4 +1,4 @@
-"""The event loop's lag (service/loop_lag.py): each wake-up records how late it came, on the app's registry."""
+"""The event loop's lag (service/loop_lag.py): each wake-up records how late it came, on the registry."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_a_loop_held_by_a_long_step_shows_as_lag() -> None:
     async def scenario() -> None:
         task = asyncio.create_task(lag.run())
         await asyncio.sleep(0.1)
-        time.sleep(0.3)  # a step that holds the loop (a pass over the fleet did)
+        time.sleep(0.3)  # noqa: ASYNC251  # a step that holds the loop (a pass over the fleet did)
         await asyncio.sleep(0.1)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
