@@ -5,7 +5,8 @@ that holds the Lease also reconciles and probes: each term of leadership gets a 
 shared source, board and inventory; losing the Lease stops that term cleanly (the queue closes, running
 `pulumi` children get SIGINT) before the renew deadline runs out. A follower's inventory comes from the
 cluster: each Proxy's `status.address` and `Healthy` condition, and the credentials Secret the leader
-writes for it. Status and Events are written from the board, only by the leader (only its board changes).
+writes for it, judged as the watch events name them (service/kube/follower.py). Status and Events are
+written from the board, only by the leader (only its board changes).
 """
 
 from __future__ import annotations
@@ -27,15 +28,10 @@ from automation.engine import Engine, Term
 from service.config import OperatorSettings
 from service.controller import Controller
 from service.deletions import Allowances
-from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
-from service.kube.credentials import (
-    Credentials,
-    CredentialsReader,
-    CredentialsWriter,
-    followed_output,
-    shared_control,
-)
+from service.inventory import Inventory, ProxyEndpoint
+from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter, shared_control
 from service.kube.events import EventRecorder
+from service.kube.follower import FollowedInventory
 from service.kube.heartbeat import OperationsHeartbeat
 from service.kube.holder import lease_holder_gone
 from service.kube.leader import LeaderElector
@@ -46,17 +42,17 @@ from service.kube.status_writer import StatusWriter
 from service.kube.summary import SummaryPublisher, SummaryReader, SummaryTask
 from service.pools.history import PoolHistory
 from service.pools.signals import PoolSignals
-from service.reporter import endpoint_of
 from service.sources.kubernetes import KubernetesSource
 from service.status import Event, StatusBoard
 from service.status_view import ClusterStatus, ReplicaStatus
-from stacks.models import Condition, Proxy
+from stacks.models import Condition
 from stacks.models.conditions import ConditionType
 
 log = logging.getLogger(__name__)
 
 SYNC_TIMEOUT = 60.0  # the first list of every watched kind; then the service runs and says what is missing
 TERM_GRACE = 10.0  # a term's children get this long after SIGINT before they are killed
+FOLLOW_SLICE = 0.01  # a follower judges changed Proxies this long at a time, then serves the event loop
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
@@ -101,6 +97,9 @@ class ClusterMode:
         self.source = KubernetesSource(api, kube, writes=False)
         self.source.cache.on_read = self.cluster_status.observe
         self.credentials = CredentialsReader(api, kube.namespaces)
+        self.followed = FollowedInventory.attach(
+            source=self.source, credentials=self.credentials, inventory=inventory
+        )
         self.credentials_writer = CredentialsWriter(api)
         self.status_writer = StatusWriter(api, self.status, self.ref)
         self.status_writer.leading = lambda: self.leading
@@ -192,7 +191,7 @@ class ClusterMode:
             while not stop.is_set():
                 self.cluster_status.keep_only(obj.key for obj in self.source.objects())
                 if not self.leading:
-                    self.follow_inventory()
+                    await self.follow_inventory()
                 else:
                     if self.controller is not None:
                         self.summary_task.tick(term=self.terms)
@@ -289,6 +288,7 @@ class ClusterMode:
         term = self.term
         if term is not None:
             term.close()
+        self.followed.mark_all()  # the inventory holds what this term published: followed from now on
         self.source.set_writes(False)
         self.source.on_change = lambda: None
         pools = asyncio.create_task(self._stop_pools(), name="pools-stop")
@@ -309,6 +309,7 @@ class ClusterMode:
         self._term = self._term_stop = None
         self.controller = None
         self.term = None
+        self.followed.mark_all()  # again: the closing term's reporter may have published meanwhile
         self.status_view.switched()  # what this replica shows is the leader's, from the cluster
 
     # --- pools: the leader's, a fresh one per term (service/kube/pools.py) ---------------------------------
@@ -353,35 +354,11 @@ class ClusterMode:
         except Exception as exc:  # the next publish writes it; discovery on the leader has it already
             log.warning("cannot write the credentials Secret of %s: %s", endpoint.key, exc)
 
-    def follow_inventory(self) -> None:
+    async def follow_inventory(self) -> None:
         """A follower serves what the leader wrote: addresses, health and the egress IP from status,
-        credentials from the Secrets."""
-        endpoints: list[ProxyEndpoint] = []
-        healthy: dict[str, tuple[bool, str | None]] = {}
-        for obj in self.source.objects():
-            status: dict[str, Any] = obj.status
-            address = status.get("address") or {}
-            if obj.deleting or not address.get("host"):
-                continue
-            try:
-                proxy = Proxy.model_validate(obj.body)
-            except ValidationError:
-                continue
-            creds = self.credentials.credentials(obj.key) or {}
-            if proxy.spec.auth.mode != "none" and not creds.get("password"):
-                continue  # its credentials Secret is not here yet: handed out now, it would answer 407
-            out = followed_output(address, creds)
-            endpoints.append(endpoint_of(proxy, stack=status.get("stack"), out=out, creds=creds))
-            conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-            egress = str(status["egressIP"]) if status.get("egressIP") else None
-            healthy[obj.key] = (conditions.get(ConditionType.HEALTHY) == "True", egress)
-        current = {e.key: e for e in self.inventory.endpoints()}
-        if current != {e.key: e for e in endpoints}:
-            self.inventory.replace_all(endpoints)
-        for key, (ok, egress) in healthy.items():
-            state = HealthState.healthy if ok else HealthState.unhealthy
-            seen = self.inventory.health(key)
-            if seen.state is not state or seen.egress_ip != egress:
-                self.inventory.set_health(key, Health(state=state, egress_ip=egress))
-        if self.source.desired_state_synced():
-            self.inventory.mark_loaded()
+        credentials from the Secrets; only the Proxies whose object or Secret changed are judged again, in
+        slices between which the event loop serves (service/kube/follower.py)."""
+        while not self.leading:
+            if self.followed.apply(budget=FOLLOW_SLICE):
+                return
+            await asyncio.sleep(0)  # the loop serves leases between two slices of a long pass

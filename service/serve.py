@@ -38,6 +38,7 @@ from service.incluster import ClusterMode
 from service.inventory import Inventory
 from service.kube.client import api_client
 from service.kube.settings import KubeSettings
+from service.loop_lag import LoopLag
 from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
@@ -65,6 +66,7 @@ class Service:
     server: uvicorn.Server
     listener: socket.socket  # bound by build_service; uvicorn serves on it and closes it
     prober: Supervised  # the health engine's run, restarted if it ever fails
+    lag: LoopLag | None = None  # the event loop's lag on /metrics (service/loop_lag.py)
 
     @property
     def port(self) -> int:
@@ -209,6 +211,7 @@ def _assemble(
         server=ApiServer(config),
         listener=listener,
         prober=prober,
+        lag=LoopLag(registry),
     )
 
 
@@ -239,6 +242,7 @@ async def serve(service: Service) -> None:
     prober = asyncio.create_task(
         service.prober.run() if isinstance(service.controller, Controller) else stop.wait(), name="prober"
     )
+    lag = asyncio.create_task(service.lag.run() if service.lag else stop.wait(), name="loop-lag")
     try:
         log.info("API served by uvicorn on %s", api_server.describe(service.server.config))
         await service.server.serve(sockets=[service.listener])
@@ -246,7 +250,8 @@ async def serve(service: Service) -> None:
         service.listener.close()  # uvicorn closes it on a clean shutdown; not when its startup failed
         stop.set()
         prober.cancel()
-        await asyncio.gather(prober, return_exceptions=True)
+        lag.cancel()
+        await asyncio.gather(prober, lag, return_exceptions=True)
         await control
         await service.controller.close()
         log.info("stopped cleanly")

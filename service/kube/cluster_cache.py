@@ -59,6 +59,9 @@ class ClusterCache:
         # Each listed or watched Proxy as read, before it is slimmed (watch threads): the status a
         # follower shows (service/status_view.py) is kept whole there, not in the slim copy.
         self.on_read: Callable[[Obj], None] = lambda raw: None
+        # Each Proxy whose kept copy changed in any way (its status too), or that left it: called after the
+        # copy changed (watch threads). A follower's inventory follows these (service/kube/follower.py).
+        self.on_object: Callable[[str], None] = lambda key: None
         self.watchers = self._make_watchers()
 
     def _slim(self, raw: Obj) -> ProxyObject:
@@ -177,17 +180,22 @@ class ClusterCache:
 
         def on_list(items: list[ProxyObject]) -> None:
             fresh = {obj.key: obj for obj in items}
+            touched: list[str] = []
             with self._lock:
                 for key in list(self._objects):
                     if (namespace is None or key.startswith(f"{namespace}/")) and key not in fresh:
                         # Gone from a list: never a deletion. Forget the object; a tracked or passed-on
                         # proxy stays known (and is judged "not found", not deleted).
                         self._objects.pop(key)
+                        touched.append(key)
                 for key, obj in fresh.items():
                     if self._objects.get(key) != obj:
                         self._objects[key] = obj
                         self._dirty.add(key)
+                        touched.append(key)
                 self._relisted = True
+            for key in touched:
+                self.on_object(key)
             self.on_change()
 
         return on_list
@@ -204,6 +212,7 @@ class ClusterCache:
                 dirtied = previous is None or previous.reconciled_parts() != obj.reconciled_parts()
                 if dirtied:
                     self._dirty.add(obj.key)
+        self.on_object(obj.key)
         if dirtied:  # not our own status writes: they change nothing to reconcile
             self.on_change()
 

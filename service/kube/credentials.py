@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -130,6 +131,8 @@ class CredentialsReader:
         scopes = namespaces or [""]
         self._known: dict[str, dict[str, Credentials]] = {scope: {} for scope in scopes}
         self._lock = threading.Lock()
+        # The Proxy (its key) whose credentials changed or went: called after they did (watch threads).
+        self.on_change: Callable[[str], None] = lambda key: None
         self.watchers = [
             Watcher(
                 api,
@@ -166,7 +169,10 @@ class CredentialsReader:
     def _listed(self, scope: str, items: list[Obj]) -> None:
         fresh = {item["key"]: item["credentials"] for item in items if item.get("credentials")}
         with self._lock:
-            self._known[scope] = fresh
+            known, self._known[scope] = self._known[scope], fresh
+        for key in set(known) | set(fresh):
+            if known.get(key) != fresh.get(key):
+                self.on_change(key)
 
     def _event(self, scope: str, kind: str, obj: Obj) -> None:
         with self._lock:
@@ -175,6 +181,7 @@ class CredentialsReader:
                 known.pop(obj["key"], None)
             else:
                 known[obj["key"]] = obj["credentials"]
+        self.on_change(obj["key"])
 
 
 def slim_secret(obj: Obj) -> Obj:

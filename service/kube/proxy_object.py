@@ -81,6 +81,11 @@ class ProxyObject:
         return dict(json.loads(self._status)) if self._status else {}
 
     @property
+    def body_text(self) -> str:
+        """The kept body as its compact JSON text: equal texts, equal bodies (no decode)."""
+        return self._body
+
+    @property
     def annotations(self) -> dict[str, str]:
         return dict(self.body["metadata"].get("annotations") or {})
 

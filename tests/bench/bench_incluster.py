@@ -15,7 +15,13 @@ and less representative load.) One more Proxy on the catalogue's `local` provide
 latency. Health probing is set to 1 s and one success, so "Ready at the new port" is not dominated by the
 default 10 s x 2 probes; the figure to the `up` start does not depend on it.
 
-BENCH_PROXIES (default 10000), BENCH_ROUNDS (latency edits, 5), BENCH_QUIET (seconds of the quiet window, 60).
+Then the follower phase (tests/bench/follower_phase.py): the same Proxies given a leader's status (address,
+Healthy), a second `serve` that never leads, its event-loop lag (the service's own histogram), CPU and a paced
+lease load, quiet and while Healthy flips, against the same lease load over a static inventory. The leader's
+lag and CPU are printed for its intake and its quiet window.
+
+BENCH_PROXIES (default 10000), BENCH_ROUNDS (latency edits, 5), BENCH_QUIET (seconds of the quiet window, 60),
+BENCH_ONLY (the phases, `leader,follower`); the follower phase's own settings are in its module.
 BENCH_TRACEMALLOC=1 runs the service watching the Proxies under tracemalloc and prints where its memory was
 allocated after the quiet window (its RSS is then inflated by the tracing: use it to find consumers, not for
 the figures). BENCH_KEEP=1 keeps the working folder (service logs, the apiserver's audit log).
@@ -33,7 +39,6 @@ import sys
 import tempfile
 import threading
 import time
-import tracemalloc
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -53,6 +58,16 @@ from kubernetes.client import ApiClient  # noqa: E402
 from service.kube.client import ApiException, request_json  # noqa: E402
 from service.kube.watch import Watcher  # noqa: E402
 from service.sources.kubernetes import FINALIZER  # noqa: E402
+from tests.bench.follower_phase import (  # noqa: E402
+    FollowerRun,
+    Window,
+    cpu_seconds,
+    follower_phase,
+    lag_buckets,
+    quantile,
+    report,
+)
+from tests.bench.incluster_trace import TRACED, report_allocations  # noqa: E402
 from tests.kube.apiserver import KubeApi, die_with_parent, running_apiserver  # noqa: E402
 from tests.kube.cluster_fleet import BASE, proxy_doc  # noqa: E402
 from tests.kube.manifests import install_crds  # noqa: E402
@@ -61,19 +76,12 @@ from tests.ports import free_port  # noqa: E402
 PROXIES = int(os.environ.get("BENCH_PROXIES", "10000"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 QUIET = float(os.environ.get("BENCH_QUIET", "60"))
+ONLY = os.environ.get("BENCH_ONLY", "leader,follower").split(",")  # the phases to run
 NAMESPACE, LOCAL, GOAL_MIB = "bench", "edited", 128
 SETTLE = 10.0  # no write to any Proxy for this long: the service has settled
 PROXIES_PATH = f"{BASE}/namespaces/{NAMESPACE}/proxies"
 VENV_BIN = Path(sys.executable).parent
 TRACEMALLOC = bool(os.environ.get("BENCH_TRACEMALLOC"))
-# The CLI under tracemalloc; SIGUSR1 writes a snapshot to the file named by BENCH_SNAPSHOT.
-TRACED = """
-import os, signal, sys, tracemalloc
-signal.signal(signal.SIGUSR1, lambda *_: tracemalloc.take_snapshot().dump(os.environ["BENCH_SNAPSHOT"]))
-from service.cli import app
-sys.argv[0] = "proxy-operator"
-app()
-"""
 SERVICE_ENV = {
     "PATH": f"{ROOT / '.tools' / 'bin'}:{VENV_BIN}:{os.environ['PATH']}",
     "PULUMI_CONFIG_PASSPHRASE": "bench",
@@ -456,31 +464,58 @@ def _leads(svc: Service, api: ApiClient, identity: str) -> bool:
 
 def run(tmp: Path) -> None:
     (tmp / "kube").mkdir()
+    windows: list[Window] = []
     with running_apiserver(tmp / "kube") as kube, kube.client() as api:
         prepare_cluster(kube, api, tmp)
-        empty = baseline_memory(kube, api, tmp)
+        empty = baseline_memory(kube, api, tmp) if "leader" in ONLY else []
         created = create_proxies(kube.client, PROXIES)
-        proxy_doc_local = proxy_doc(NAMESPACE, LOCAL, port=free_port())
-        request_json(api, "POST", PROXIES_PATH, body=proxy_doc_local)
         print(f"created {PROXIES} Proxies in {created:.1f} s ({PROXIES / created:.0f}/s, 16 threads)")
-        seen = Seen()
-        watcher = watch_proxies(api, seen)
-        try:
-            with cluster_service(kube, tmp, "bench-full") as svc:
-                report_full(svc, api, seen, empty)
-                latency = cluster_latency(api)
-                request_json(api, "DELETE", f"{PROXIES_PATH}/{LOCAL}")
-                _until(
-                    lambda: LOCAL not in resource_versions(api), what="the local proxy released", within=120
-                )
-        finally:
-            watcher.stop()
-    folder = folder_latency(tmp)
-    report_latency(latency, folder)
+        if "leader" in ONLY:
+            windows, latency = leader_phase(kube, api, tmp, empty)
+        if "follower" in ONLY:
+            names = [(f"p{i:05d}", 20000 + i % 40000) for i in range(PROXIES)]
+            windows += follower_phase(
+                api, kube.client, namespace=NAMESPACE, names=names, run=_follower(tmp, kube)
+            )
+    report(windows)
+    if "leader" in ONLY:
+        report_latency(latency, folder_latency(tmp))
 
 
-def report_full(svc: Service, api: ApiClient, seen: Seen, empty: list[tuple[float, float]]) -> None:
+def leader_phase(
+    kube: KubeApi, api: ApiClient, tmp: Path, empty: list[tuple[float, float]]
+) -> tuple[list[Window], Latency]:
+    request_json(api, "POST", PROXIES_PATH, body=proxy_doc(NAMESPACE, LOCAL, port=free_port()))
+    seen = Seen()
+    watcher = watch_proxies(api, seen)
+    try:
+        with cluster_service(kube, tmp, "bench-full") as svc:
+            windows = report_full(svc, api, seen, empty)
+            latency = cluster_latency(api)
+            request_json(api, "DELETE", f"{PROXIES_PATH}/{LOCAL}")
+            _until(lambda: LOCAL not in resource_versions(api), what="the local proxy released", within=120)
+    finally:
+        watcher.stop()
+    return windows, latency
+
+
+def _follower(tmp: Path, kube: KubeApi) -> FollowerRun:
+    def start(env: dict[str, str]) -> Any:
+        return service(["--kubeconfig", str(kube.kubeconfig)], tmp=tmp, name="bench-follower", env=env)
+
+    token = tmp / "state-bench-follower" / "dev-token"
+    return FollowerRun(
+        start=start, url=_served_url, token=lambda: _until(lambda: _read(token), what="token"), root=ROOT
+    )
+
+
+def report_full(svc: Service, api: ApiClient, seen: Seen, empty: list[tuple[float, float]]) -> list[Window]:
+    url = _served_url(svc)
     marks = wait_intake(svc, api, seen, PROXIES)
+    intake = Window(
+        "leader, intake", time.monotonic() - svc.started, quantile({}, lag_buckets(url)) * 1000, 0.0
+    )
+    lag, cpu, started = lag_buckets(url), cpu_seconds(svc.process.pid), time.monotonic()
     _, _, peak = svc.memory()
     steps = ", ".join(f"{mark} {seconds:.1f} s" for mark, seconds in marks.items())
     print(
@@ -489,6 +524,9 @@ def report_full(svc: Service, api: ApiClient, seen: Seen, empty: list[tuple[floa
     )
     before, writes = resource_versions(api), seen.writes
     quiet = sample_memory(svc, seconds=QUIET)
+    wall = time.monotonic() - started
+    cpu = (cpu_seconds(svc.process.pid) - cpu) / wall
+    settled = Window("leader, settled", wall, quantile(lag, lag_buckets(url)) * 1000, cpu)
     after = resource_versions(api)
     changed = sum(1 for name, rv in after.items() if before.get(name) != rv)
     print(
@@ -497,41 +535,8 @@ def report_full(svc: Service, api: ApiClient, seen: Seen, empty: list[tuple[floa
     )
     report_memory(quiet, empty)
     if TRACEMALLOC:
-        report_allocations(svc)
-
-
-def report_allocations(svc: Service) -> None:
-    """Where the live memory of the service was allocated (tracemalloc), by line and by file."""
-    path = svc.log.parent / "snapshot"  # BENCH_SNAPSHOT of the traced service
-    svc.process.send_signal(signal.SIGUSR1)
-    _until(lambda: path.exists() and path.stat().st_size > 0, what="the tracemalloc snapshot")
-    time.sleep(2)  # the dump is written at once; let it finish
-    snapshot = tracemalloc.Snapshot.load(str(path)).filter_traces(
-        [tracemalloc.Filter(False, tracemalloc.__file__), tracemalloc.Filter(False, "<frozen importlib*")]
-    )
-    total = sum(stat.size for stat in snapshot.statistics("filename"))
-    print(f"tracemalloc: {total / 2**20:.1f} MiB live in Python allocations; the largest by line:")
-    for stat in snapshot.statistics("lineno")[:15]:
-        frame = stat.traceback[0]
-        print(f"  {stat.size / 2**20:6.1f} MiB {stat.count:8d} blocks  {_where(frame)}")
-    callers: dict[str, int] = {}
-    for stat in snapshot.statistics("traceback"):
-        ours = [f for f in reversed(stat.traceback) if _ours(f.filename)]
-        where = _where(ours[0]) if ours else "(no frame of ours within 8)"
-        callers[where] = callers.get(where, 0) + stat.size
-    print("  by the line of ours nearest the allocation:")
-    for where, size in sorted(callers.items(), key=lambda item: -item[1])[:12]:
-        print(f"  {size / 2**20:6.1f} MiB  {where}")
-
-
-def _ours(filename: str) -> bool:
-    return filename.startswith(str(ROOT)) and "/.venv/" not in filename
-
-
-def _where(frame: tracemalloc.Frame) -> str:
-    name = frame.filename
-    short = name[len(str(ROOT)) + 1 :] if _ours(name) else name.split("site-packages/")[-1]
-    return f"{short}:{frame.lineno}"
+        report_allocations(svc.process, svc.log.parent / "snapshot", until=_until)
+    return [intake, settled]
 
 
 def report_memory(full: list[tuple[float, float]], empty: list[tuple[float, float]]) -> None:

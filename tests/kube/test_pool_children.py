@@ -117,3 +117,21 @@ def test_a_proxy_with_the_label_but_not_owned_by_the_pool_is_a_stranger() -> Non
     assert [m.name for m in kids.members("crawl/eu")] == ["eu-aaaaa"]
     assert kids.strangers == {mine.key: "crawl/eu", old.key: "crawl/eu"}
     assert len(kids.all()) == 3, "a stranger's name and port stay taken for new children"
+
+
+def test_each_refresh_validates_only_the_bodies_that_changed() -> None:
+    """The leader refreshes every pass (every second): an unchanged child is not validated again, a
+    changed one is, and its new body is what counts."""
+    kids = ClusterChildren(clock=Clock())
+    one, two = child("eu-aaaaa", port=18000), child("eu-bbbbb", port=18001)
+    refresh(kids, [obj(one), obj(two)])
+    assert kids.validated == 2
+    refresh(kids, [obj(one), obj(two)])
+    assert kids.validated == 2, "unchanged children were validated again"
+    moved = two.model_copy(update={"spec": two.spec.model_copy(update={"port": 18009})})
+    refresh(kids, [obj(one), obj(moved)])
+    assert kids.validated == 3
+    assert {m.proxy.spec.port for m in kids.members("crawl/eu")} == {18000, 18009}
+    refresh(kids, [obj(one)])
+    refresh(kids, [obj(one), obj(moved)])  # gone from the cache, then back: judged again
+    assert kids.validated == 4
