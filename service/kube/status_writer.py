@@ -2,12 +2,15 @@
 
 Steps, in a worker thread (the board is called from the asyncio loop and from threads; the client blocks):
 1. the board's listener marks a key dirty (cheap, never blocks);
-2. the worker takes the dirty keys at once (many changes of one key make one write), looks up the live
-   object (`lookup`: namespace, name, uid), and renders the board's published status as the CRD's JSON;
+2. the worker takes the dirty keys in batches, the most recently marked first (many changes of one key
+   make one write; a real change made while a new term writes its 10,000 first statuses goes ahead of
+   them), writes a batch with a few threads (`parallel`), looks up the live object (`lookup`: namespace,
+   name, uid), and renders the board's published status as the CRD's JSON;
 3. it compares with what it last wrote for that uid; for a uid it has not written yet, with the status the
-   object has (one GET: after a restart an unchanged status is not written again, and each condition keeps
-   the lastTransitionTime the object shows while its status is the same, and lastOperation and
-   observedGeneration stay while the board knows nothing newer);
+   object has: as the watch last saw it (`known`), or one GET where no watched copy is given (after a
+   restart an unchanged status is not written again, and each condition keeps the lastTransitionTime the
+   object shows while its status is the same, and lastOperation and observedGeneration stay while the
+   board knows nothing newer);
 4. only a difference is written, as a JSON merge patch of exactly what differs (a field gone is a null).
 
 A 404 (the object is gone) is dropped quietly; other failures are retried per key with the `backoff`
@@ -22,6 +25,7 @@ import logging
 import time
 import zlib
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -42,6 +46,9 @@ NOT_FOUND = 404
 MERGE_PATCH = "application/merge-patch+json"
 HISTORY = ("lastOperation", "observedGeneration")
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before the n-th retry of one key (the last repeats)
+BATCH = 32  # keys taken at once: a key marked meanwhile waits for at most one batch
+PARALLEL = 4  # writes in flight at once (each a round trip to the apiserver)
+Known = Callable[[str], Json | None]  # key -> the status the watch last saw (None: not watched, read it)
 
 
 class StatusWriter(Worker):
@@ -55,16 +62,20 @@ class StatusWriter(Worker):
         *,
         backoff: tuple[float, ...] = BACKOFF,
         monotonic: Callable[[], float] = time.monotonic,
+        known: Known | None = None,
+        parallel: int = PARALLEL,
     ) -> None:
         super().__init__()
         self.api, self.board, self.lookup = api, board, lookup
         self.backoff, self.monotonic = backoff, monotonic
+        self.known, self.parallel = known, parallel
         self.writes = 0  # status writes sent (metrics, tests)
+        self.reads = 0  # statuses read with a GET (no watched copy given)
         # uid -> the status last written (or read) for it: compressed JSON, one per Proxy (a status repeats
         # its messages in Ready and in the condition behind it: zlib keeps about a third)
         self._written: dict[str, bytes] = {}
         self._uids: dict[str, str] = {}  # key -> uid, to forget what was written for a dropped key
-        self._dirty: set[str] = set()
+        self._dirty: dict[str, None] = {}  # in marking order: the last marked is taken first
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         # Only a leader writes: a replica that stepped down writes nothing more, even what it had queued.
@@ -91,7 +102,8 @@ class StatusWriter(Worker):
     def mark(self, key: str) -> None:
         """The board's listener: the key's status may have changed."""
         with self._cond:
-            self._dirty.add(key)
+            self._dirty.pop(key, None)
+            self._dirty[key] = None
             self._cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
@@ -102,25 +114,32 @@ class StatusWriter(Worker):
     # --- the worker ---------------------------------------------------------------------------------------
 
     def _worker(self) -> None:
-        while True:
-            with self._cond:
-                keys = self._take()
-                if keys is None:
-                    return
-                self._busy = True
-            for key in keys:
-                self._sync(key)
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+        with ThreadPoolExecutor(self.parallel, thread_name_prefix=self.thread_name) as pool:
+            while True:
+                with self._cond:
+                    keys = self._take()
+                    if keys is None:
+                        return
+                    self._busy = True
+                list(pool.map(self._sync, keys))
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
     def _take(self) -> list[str] | None:
-        """The dirty keys that are due (waiting under the lock); None when closing."""
+        """Up to BATCH dirty keys that are due, the most recently marked first (waiting under the lock);
+        None when closing."""
         while not self._stop:
             now = self.monotonic()
-            due = [k for k in self._dirty if self._retry_at.get(k, 0.0) <= now]
+            due: list[str] = []
+            for key in reversed(self._dirty):
+                if self._retry_at.get(key, 0.0) <= now:
+                    due.append(key)
+                    if len(due) == BATCH:
+                        break
             if due:
-                self._dirty.difference_update(due)
+                for key in due:
+                    del self._dirty[key]
                 return due
             waits = [self._retry_at[k] - now for k in self._dirty if k in self._retry_at]
             self._cond.wait(min(waits) if waits else None)
@@ -152,7 +171,7 @@ class StatusWriter(Worker):
             return
         self._uids[key] = ref.uid
         packed = self._written.get(ref.uid)
-        base = self._read(ref) if packed is None else json.loads(zlib.decompress(packed))
+        base = self._base(ref) if packed is None else json.loads(zlib.decompress(packed))
         rendered = keep_history(keep_transition_times(render(status), base), base)
         if rendered != base:
             request_json(
@@ -163,10 +182,18 @@ class StatusWriter(Worker):
                 content_type=MERGE_PATCH,
                 timeout=(5, 30),
             )
-            self.writes += 1
+            with self._cond:
+                self.writes += 1
         self._written[ref.uid] = zlib.compress(json.dumps(rendered, separators=(",", ":")).encode(), 1)
 
+    def _base(self, ref: ProxyRef) -> Json:
+        """The status the object has: the watched copy when there is one, else read."""
+        watched = self.known(ref.key) if self.known is not None else None
+        return watched if watched is not None else self._read(ref)
+
     def _read(self, ref: ProxyRef) -> Json:
+        with self._cond:
+            self.reads += 1
         live = request_json(self.api, "GET", ref.path("status"), timeout=(5, 30))
         status = live.get("status")
         return status if isinstance(status, dict) else {}
@@ -187,7 +214,7 @@ class StatusWriter(Worker):
         delay = self.backoff[min(failures, len(self.backoff)) - 1]
         with self._cond:
             self._retry_at[key] = self.monotonic() + delay
-            self._dirty.add(key)
+            self._dirty.setdefault(key, None)
 
 
 def render(status: ProxyStatus) -> Json:
