@@ -125,11 +125,16 @@ class Controller:
     async def start(self) -> None:
         """First load: the source (for the catalogue that ownership is judged by), what the backend applied,
         the source again (absence judged against what runs); every known stack is submitted once."""
+        began = self._monotonic()
         self.sync()
         await self._load_backend()
         self.sync()
         await self._submit_known_stacks()
         self.started = True
+        if self._backend_seen:
+            log.info(
+                "first pass done in %.1f s: every stack read, changes run now", self._monotonic() - began
+            )
 
     async def _load_backend(self) -> None:
         """Read every stack's ownership and applied proxies, `max_parallel` stacks at a time; the source

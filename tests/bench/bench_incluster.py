@@ -15,6 +15,13 @@ and less representative load.) One more Proxy on the catalogue's `local` provide
 latency. Health probing is set to 1 s and one success, so "Ready at the new port" is not dominated by the
 default 10 s x 2 probes; the figure to the `up` start does not depend on it.
 
+Then the service is stopped (SIGTERM: it releases its Lease) and started again on the same state, as after an
+upgrade or a handover: a new leader on 10,000 unchanged Proxies. The bench edits the `local` Proxy's port as
+soon as the Lease is held (a change during the intake) and prints the time to its `up` and to Ready, the
+time to the service's "first pass done" (every stack read, changes run), and the writes to the other
+10,000 (Proxies with a new resourceVersion, writes seen by its watch, new Events) until nothing is written
+for SETTLE s.
+
 BENCH_PROXIES (default 10000), BENCH_ROUNDS (latency edits, 5), BENCH_QUIET (seconds of the quiet window, 60).
 BENCH_TRACEMALLOC=1 runs the service watching the Proxies under tracemalloc and prints where its memory was
 allocated after the quiet window (its RSS is then inflated by the tracing: use it to find consumers, not for
@@ -92,6 +99,7 @@ class Service:
     process: subprocess.Popen[bytes]
     log: Path
     started: float
+    wall: float = field(default_factory=time.time)  # the start, as the service's log times read
 
     def memory(self) -> tuple[float, float, float]:
         """RSS, PSS and peak RSS (VmHWM) of the service process alone, in MiB."""
@@ -126,9 +134,12 @@ def _kib_fields(text: str) -> dict[str, int]:
 
 
 @contextmanager
-def service(args: list[str], *, tmp: Path, name: str, env: dict[str, str]) -> Iterator[Service]:
+def service(
+    args: list[str], *, tmp: Path, name: str, env: dict[str, str], run: str = ""
+) -> Iterator[Service]:
+    """The service `name` (its state and backend folders kept across runs: `run` names a restart's log)."""
     state = tmp / f"state-{name}"
-    (tmp / f"backend-{name}").mkdir()
+    (tmp / f"backend-{name}").mkdir(exist_ok=True)
     full_env = {
         **os.environ,
         **SERVICE_ENV,
@@ -140,7 +151,7 @@ def service(args: list[str], *, tmp: Path, name: str, env: dict[str, str]) -> It
     if TRACEMALLOC and name == "bench-full":
         argv[:1] = [sys.executable, "-X", "tracemalloc=8", "-c", TRACED]
         full_env.update(BENCH_SNAPSHOT=str(tmp / "snapshot"), PYTHONPATH=str(ROOT))
-    log = tmp / f"service-{name}.log"
+    log = tmp / f"service-{name}{run}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
@@ -152,7 +163,7 @@ def service(args: list[str], *, tmp: Path, name: str, env: dict[str, str]) -> It
         running.stop()
 
 
-def cluster_service(kube: KubeApi, tmp: Path, identity: str) -> Any:
+def cluster_service(kube: KubeApi, tmp: Path, identity: str, run: str = "") -> Any:
     env = {
         "PROXY_OPERATOR_KUBE_NAMESPACES": json.dumps([NAMESPACE]),
         "PROXY_OPERATOR_KUBE_NAMESPACE": NAMESPACE,
@@ -160,7 +171,7 @@ def cluster_service(kube: KubeApi, tmp: Path, identity: str) -> Any:
         # A Lease of its own: a predecessor's Lease left held would delay the start by a lease duration.
         "PROXY_OPERATOR_KUBE_LEASE_NAME": identity,
     }
-    return service(["--kubeconfig", str(kube.kubeconfig)], tmp=tmp, name=identity, env=env)
+    return service(["--kubeconfig", str(kube.kubeconfig)], tmp=tmp, name=identity, env=env, run=run)
 
 
 def sample_memory(svc: Service, *, seconds: float, every: float = 2.0) -> list[tuple[float, float]]:
@@ -372,14 +383,19 @@ def _until(check: Callable[[], Any], *, what: str, within: float = 180) -> Any:
     raise SystemExit(f"not reached within {within:.0f} s: {what}")
 
 
-def cluster_latency(api: ApiClient) -> Latency:
+def cluster_edit(api: ApiClient) -> tuple[Callable[[int], None], Callable[[], dict[str, Any]]]:
+    """Edit the local Proxy's port; read its status."""
     path = f"{PROXIES_PATH}/{LOCAL}"
 
     def edit(port: int) -> None:
         body = {"spec": {"port": port}}
         request_json(api, "PATCH", path, body=body, content_type="application/merge-patch+json")
 
-    return measure_latency(edit, lambda: request_json(api, "GET", path).get("status") or {})
+    return edit, lambda: request_json(api, "GET", path).get("status") or {}
+
+
+def cluster_latency(api: ApiClient) -> Latency:
+    return measure_latency(*cluster_edit(api))
 
 
 def folder_latency(tmp: Path) -> Latency:
@@ -455,6 +471,8 @@ def _leads(svc: Service, api: ApiClient, identity: str) -> bool:
 
 
 def run(tmp: Path) -> None:
+    from tests.bench.incluster_restart import report_restart, restart  # it imports this module
+
     (tmp / "kube").mkdir()
     with running_apiserver(tmp / "kube") as kube, kube.client() as api:
         prepare_cluster(kube, api, tmp)
@@ -469,14 +487,12 @@ def run(tmp: Path) -> None:
             with cluster_service(kube, tmp, "bench-full") as svc:
                 report_full(svc, api, seen, empty)
                 latency = cluster_latency(api)
-                request_json(api, "DELETE", f"{PROXIES_PATH}/{LOCAL}")
-                _until(
-                    lambda: LOCAL not in resource_versions(api), what="the local proxy released", within=120
-                )
+            again = restart(kube, api, tmp, seen)
         finally:
             watcher.stop()
     folder = folder_latency(tmp)
     report_latency(latency, folder)
+    report_restart(again)
 
 
 def report_full(svc: Service, api: ApiClient, seen: Seen, empty: list[tuple[float, float]]) -> None:
