@@ -47,6 +47,7 @@ MERGE_PATCH = "application/merge-patch+json"
 HISTORY = ("lastOperation", "observedGeneration")
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before the n-th retry of one key (the last repeats)
 BATCH = 32  # keys taken at once: a key marked meanwhile waits for at most one batch
+SETTLE = 0.1  # a key is written once it was not marked for this long: one change is several board calls
 PARALLEL = 4  # writes in flight at once (each a round trip to the apiserver)
 Known = Callable[[str], Json | None]  # key -> the status the watch last saw (None: not watched, read it)
 
@@ -75,7 +76,7 @@ class StatusWriter(Worker):
         # its messages in Ready and in the condition behind it: zlib keeps about a third)
         self._written: dict[str, bytes] = {}
         self._uids: dict[str, str] = {}  # key -> uid, to forget what was written for a dropped key
-        self._dirty: dict[str, None] = {}  # in marking order: the last marked is taken first
+        self._dirty: dict[str, float] = {}  # key -> when last marked, in marking order (the last first)
         self._retry_at: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         # Only a leader writes: a replica that stepped down writes nothing more, even what it had queued.
@@ -103,7 +104,7 @@ class StatusWriter(Worker):
         """The board's listener: the key's status may have changed."""
         with self._cond:
             self._dirty.pop(key, None)
-            self._dirty[key] = None
+            self._dirty[key] = self.monotonic()
             self._cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
@@ -128,12 +129,13 @@ class StatusWriter(Worker):
 
     def _take(self) -> list[str] | None:
         """Up to BATCH dirty keys that are due, the most recently marked first (waiting under the lock);
-        None when closing."""
+        None when closing. A key is due once it settled (SETTLE s unmarked: a change of one Proxy is
+        several board calls, and writing the first alone would write it twice) and its retry is due."""
         while not self._stop:
             now = self.monotonic()
             due: list[str] = []
-            for key in reversed(self._dirty):
-                if self._retry_at.get(key, 0.0) <= now:
+            for key, marked in reversed(self._dirty.items()):
+                if marked <= now - SETTLE and self._retry_at.get(key, 0.0) <= now:
                     due.append(key)
                     if len(due) == BATCH:
                         break
@@ -141,8 +143,10 @@ class StatusWriter(Worker):
                 for key in due:
                     del self._dirty[key]
                 return due
-            waits = [self._retry_at[k] - now for k in self._dirty if k in self._retry_at]
-            self._cond.wait(min(waits) if waits else None)
+            waits = [
+                max(self._retry_at.get(k, 0.0), marked + SETTLE) - now for k, marked in self._dirty.items()
+            ]
+            self._cond.wait(max(min(waits), 0.001) if waits else None)
         return None
 
     def _sync(self, key: str) -> None:
@@ -214,7 +218,7 @@ class StatusWriter(Worker):
         delay = self.backoff[min(failures, len(self.backoff)) - 1]
         with self._cond:
             self._retry_at[key] = self.monotonic() + delay
-            self._dirty.setdefault(key, None)
+            self._dirty.setdefault(key, 0.0)
 
 
 def render(status: ProxyStatus) -> Json:
