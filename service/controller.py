@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from automation.deletion_budget import DeletionBudget, HeldDeletion
@@ -126,8 +126,14 @@ class Controller:
         """First load: the source (for the catalogue that ownership is judged by), what the backend applied,
         the source again (absence judged against what runs); every known stack is submitted once."""
         began = self._monotonic()
-        self.sync()
-        await self._load_backend()
+        # The list of stacks needs no input: its CLI call runs while the first sync judges the fleet.
+        listing = asyncio.get_running_loop().run_in_executor(None, self.engine.list_stack_names)
+        try:
+            self.sync()
+        except BaseException:
+            listing.cancel()  # its answer is not wanted: this pass is tried again whole
+            raise
+        await self._load_backend(listing)
         self.sync()
         await self._submit_known_stacks()
         self.started = True
@@ -136,7 +142,7 @@ class Controller:
                 "first pass done in %.1f s: every stack read, changes run now", self._monotonic() - began
             )
 
-    async def _load_backend(self) -> None:
+    async def _load_backend(self, listing: Awaitable[list[str]] | None = None) -> None:
         """Read every stack's ownership and applied proxies, `max_parallel` stacks at a time; the source
         learns the applied ones, so a complete read that lacks one declares its deletion and an incomplete
         one holds it. A stack that cannot be read now fails the whole read (none is acted on, all is read
@@ -144,7 +150,7 @@ class Controller:
         every REREAD_SECONDS: until it reads, nothing is decided about a deleting Proxy that no stack read
         shows (it may run in that one)."""
         try:
-            names = await asyncio.to_thread(self.engine.list_stack_names)
+            names = await (listing or asyncio.to_thread(self.engine.list_stack_names))
         except ProxyOperatorError as exc:
             # The backend is unreachable or refuses us (credentials, passphrase): nothing is planned
             # without what it holds; tried again at the next poll.
