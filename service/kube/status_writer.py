@@ -103,9 +103,11 @@ class StatusWriter(Worker):
     def mark(self, key: str) -> None:
         """The board's listener: the key's status may have changed."""
         with self._cond:
+            idle = not self._dirty
             self._dirty.pop(key, None)
             self._dirty[key] = self.monotonic()
-            self._cond.notify_all()
+            if idle:  # else the worker looks again within SETTLE: 10,000 marks are not 10,000 wake-ups
+                self._cond.notify_all()
 
     def wait_idle(self, timeout: float) -> bool:
         """Wait until nothing is dirty nor being written; False on timeout (a key waiting for a retry)."""
@@ -130,7 +132,9 @@ class StatusWriter(Worker):
     def _take(self) -> list[str] | None:
         """Up to BATCH dirty keys that are due, the most recently marked first (waiting under the lock);
         None when closing. A key is due once it settled (SETTLE s unmarked: a change of one Proxy is
-        several board calls, and writing the first alone would write it twice) and its retry is due."""
+        several board calls, and writing the first alone would write it twice) and its retry is due. The
+        scan from the newest passes only the unsettled (the last SETTLE s of marks) and those waiting for a
+        retry: a bulk of 10,000 costs a batch's worth per take."""
         while not self._stop:
             now = self.monotonic()
             due: list[str] = []
@@ -143,10 +147,7 @@ class StatusWriter(Worker):
                 for key in due:
                     del self._dirty[key]
                 return due
-            waits = [
-                max(self._retry_at.get(k, 0.0), marked + SETTLE) - now for k, marked in self._dirty.items()
-            ]
-            self._cond.wait(max(min(waits), 0.001) if waits else None)
+            self._cond.wait(SETTLE if self._dirty else None)
         return None
 
     def _sync(self, key: str) -> None:
