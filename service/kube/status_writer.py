@@ -4,7 +4,7 @@ Steps, in a worker thread (the board is called from the asyncio loop and from th
 1. the board's listener marks a key dirty (cheap, never blocks);
 2. the worker takes the dirty keys in batches, the most recently marked first (many changes of one key
    make one write; a real change made while a new term writes its 10,000 first statuses goes ahead of
-   them), writes a batch with a few threads (`parallel`), looks up the live object (`lookup`: namespace,
+   them), writes a batch (`parallel` threads; one by default), looks up the live object (`lookup`: namespace,
    name, uid), and renders the board's published status as the CRD's JSON;
 3. it compares with what it last wrote for that uid; for a uid it has not written yet, with the status the
    object has: as the watch last saw it (`known`), or one GET where no watched copy is given (after a
@@ -48,7 +48,9 @@ HISTORY = ("lastOperation", "observedGeneration")
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0, 30.0)  # seconds before the n-th retry of one key (the last repeats)
 BATCH = 32  # keys taken at once: a key marked meanwhile waits for at most one batch
 SETTLE = 0.1  # a key is written once it was not marked for this long: one change is several board calls
-PARALLEL = 4  # writes in flight at once (each a round trip to the apiserver)
+PARALLEL = (
+    1  # writes in flight at once: 4 threads cost 25 MiB of RSS at 10,000 and starved the finalizer thread
+)
 Known = Callable[[str], Json | None]  # key -> the status the watch last saw (None: not watched, read it)
 
 
@@ -117,17 +119,21 @@ class StatusWriter(Worker):
     # --- the worker ---------------------------------------------------------------------------------------
 
     def _worker(self) -> None:
-        with ThreadPoolExecutor(self.parallel, thread_name_prefix=self.thread_name) as pool:
+        pool = ThreadPoolExecutor(self.parallel, self.thread_name) if self.parallel > 1 else None
+        try:
             while True:
                 with self._cond:
                     keys = self._take()
                     if keys is None:
                         return
                     self._busy = True
-                list(pool.map(self._sync, keys))
+                list(pool.map(self._sync, keys) if pool is not None else map(self._sync, keys))
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
+        finally:
+            if pool is not None:
+                pool.shutdown()
 
     def _take(self) -> list[str] | None:
         """Up to BATCH dirty keys that are due, the most recently marked first (waiting under the lock);
