@@ -271,14 +271,12 @@ class ClusterMode:
         return term is not None and term.busy()
 
     def _seed_health(self) -> None:
-        """What the previous leader concluded stays until this leader says otherwise: its probes' Healthy
-        (the inventory already holds it, as a follower), so a probe that agrees is no transition and the
-        status does not lose it; and the other conditions as the cluster shows them (the watched copy), so
-        taking 10,000 unchanged Proxies in is no transition either: no Event, no write (Ready is derived)."""
+        """What the previous leader's probes concluded stays until this leader's probes say otherwise: the
+        inventory already holds it (as a follower), so a probe that agrees is no transition, and the status
+        must not lose it."""
         for obj in self.source.objects():
-            shown = self.cluster_status.raw(obj.key).get("conditions") or obj.status.get("conditions") or []
-            for raw in shown:
-                if raw.get("type") != ConditionType.READY:
+            for raw in obj.status.get("conditions") or []:
+                if raw.get("type") == ConditionType.HEALTHY:
                     with contextlib.suppress(ValidationError):
                         self.status.seed_condition(obj.key, Condition.model_validate(raw))
             if obj.status.get("egressIP"):
