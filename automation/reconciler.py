@@ -141,6 +141,10 @@ class Reconciler:
             self._drift_due.add(name)
         return applied
 
+    def applied(self, name: str) -> list[Proxy]:
+        """The proxies the stack's outputs say it runs (empty before `load_stack`)."""
+        return applied_proxies(self._outputs.get(name, {}).get(APPLIED_PROXIES_OUTPUT))
+
     def applied_outputs(self, name: str) -> dict[str, Any]:
         """The outputs of the stack's last successful `up` (empty before `load_stack`)."""
         return self._outputs.get(name, {})

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from automation.deletion_budget import DeletionBudget, HeldDeletion
@@ -33,6 +33,8 @@ from stacks.models import Proxy
 from stacks.models.conditions import Reason
 
 log = logging.getLogger(__name__)
+
+REREAD_SECONDS = 30.0  # a stack whose read failed for good is read again this often
 
 
 class Controller:
@@ -93,6 +95,8 @@ class Controller:
         )
         self.reporter.bind(run_due=self.reconciler.run_due, discard=self.queue.discard)
         self._foreign: set[str] = set()
+        self._unread: set[str] = set()  # stacks whose read waits for a fix (a permanent error)
+        self._reread_at = 0.0
         self._backend_seen = False
         self.started = False
         self._monotonic = monotonic
@@ -121,42 +125,108 @@ class Controller:
     async def start(self) -> None:
         """First load: the source (for the catalogue that ownership is judged by), what the backend applied,
         the source again (absence judged against what runs); every known stack is submitted once."""
-        self.sync()
-        await self._load_backend()
+        began = self._monotonic()
+        # The list of stacks needs no input: its CLI call runs while the first sync judges the fleet.
+        listing = asyncio.get_running_loop().run_in_executor(None, self.engine.list_stack_names)
+        try:
+            self.sync()
+        except BaseException:
+            listing.cancel()  # its answer is not wanted: this pass is tried again whole
+            raise
+        await self._load_backend(listing)
         self.sync()
         await self._submit_known_stacks()
         self.started = True
+        if self._backend_seen:
+            log.info(
+                "first pass done in %.1f s: every stack read, changes run now", self._monotonic() - began
+            )
 
-    async def _load_backend(self) -> None:
-        """Read every stack's ownership and applied proxies; the source learns the applied ones, so a
-        complete read that lacks one declares its deletion and an incomplete one holds it."""
+    async def _load_backend(self, listing: Awaitable[list[str]] | None = None) -> None:
+        """Read every stack's ownership and applied proxies, `max_parallel` stacks at a time; the source
+        learns the applied ones, so a complete read that lacks one declares its deletion and an incomplete
+        one holds it. A stack that cannot be read now fails the whole read (none is acted on, all is read
+        again at the next poll); one that waits for a fix is left out (its runs say why) and read again
+        every REREAD_SECONDS: until it reads, nothing is decided about a deleting Proxy that no stack read
+        shows (it may run in that one)."""
         try:
-            names = await asyncio.to_thread(self.engine.list_stack_names)
-            for name in names:
-                try:
-                    applied = await self.reconciler.load_stack(name)
-                except StackNotOwnedError:
-                    self._foreign.add(name)
-                    continue
-                except PermanentError as exc:  # this stack waits for a fix (its runs say why); others go on
-                    log.error("stack %s: %s", name, exc.message, extra={"fields": {"stack": name}})
-                    continue
-                self.source.track(applied)
-                self.reporter.publish_applied(name, applied, self.reconciler.applied_outputs(name))
-                if self.reconciler.drift_check_due(name):
-                    self._last_repair[name] = self._monotonic()  # its first run checks it already
+            names = await (listing or asyncio.to_thread(self.engine.list_stack_names))
         except ProxyOperatorError as exc:
             # The backend is unreachable or refuses us (credentials, passphrase): nothing is planned
             # without what it holds; tried again at the next poll.
             log.error("cannot list the stacks of the backend: %s", exc.message)
             return
+        if not await self._read_stacks(names):
+            return
         self._backend_seen = True
-        # Only now may the source decide anything destructive (a deleting Proxy it does not know).
-        self.source.backend_loaded()
+        self._backend_complete()
         for key in sorted(self.planner.rejected):  # a rejected proxy may run an applied version after all
             current = self.planner.current(key)
             if current is not None:
                 self.reporter.report_validity(key, deleting=is_deleting(current))
+
+    async def _read_stacks(self, names: list[str]) -> bool:
+        """Read these stacks at once (`max_parallel` at a time); False when one could not be read now."""
+        limit = asyncio.Semaphore(self.settings.max_parallel)
+        reads = await asyncio.gather(
+            *(self._read_stack(name, limit) for name in names), return_exceptions=True
+        )
+        failed: BaseException | None = None
+        for name, read in zip(names, reads, strict=True):
+            if isinstance(read, BaseException):
+                failed = failed or read
+            elif read is not None:
+                self._learn_applied(name, read)
+        if isinstance(failed, ProxyOperatorError):
+            log.error("cannot read the stacks of the backend: %s", failed.message)
+            return False
+        if failed is not None:
+            raise failed
+        return True
+
+    async def _read_stack(self, name: str, limit: asyncio.Semaphore) -> list[Proxy] | None:
+        """One stack's ownership and applied proxies; None for a stack left alone (not ours) or one that
+        waits for a fix (in `_unread`)."""
+        async with limit:
+            try:
+                applied = await self.reconciler.load_stack(name)
+            except StackNotOwnedError:
+                self._foreign.add(name)
+                return None
+            except PermanentError as exc:
+                log.error("stack %s: %s", name, exc.message, extra={"fields": {"stack": name}})
+                self._unread.add(name)
+                return None
+        self._unread.discard(name)
+        return applied or self.reconciler.applied(name)  # [] also when a run of the queue read it first
+
+    def _backend_complete(self) -> None:
+        """Every stack of ours was read: only now may the source decide anything destructive (a deleting
+        Proxy it does not know)."""
+        if self._unread:
+            self._reread_at = self._monotonic() + REREAD_SECONDS
+            log.error(
+                "stacks %s cannot be read: a deleting Proxy that no stack read shows keeps its finalizer "
+                "until they read (tried again every %.0f s)",
+                ", ".join(sorted(self._unread)),
+                REREAD_SECONDS,
+            )
+            return
+        self.source.backend_loaded()
+
+    async def _reread(self) -> None:
+        if (
+            self._unread
+            and self._monotonic() >= self._reread_at
+            and await self._read_stacks(sorted(self._unread))
+        ):
+            self._backend_complete()
+
+    def _learn_applied(self, name: str, applied: list[Proxy]) -> None:
+        self.source.track(applied)
+        self.reporter.publish_applied(name, applied, self.reconciler.applied_outputs(name))
+        if self.reconciler.drift_check_due(name):
+            self._last_repair[name] = self._monotonic()  # its first run checks it already
 
     async def _submit_known_stacks(self) -> None:
         """Submit every stack of ours -- once the backend was read and there is a catalogue to judge by."""
@@ -233,6 +303,7 @@ class Controller:
         if not self._backend_seen:
             await self.start()  # the backend (or the folder) was not usable yet
             return
+        await self._reread()
         self.sync()
 
     async def _pass(self, step: Callable[[], Any]) -> None:

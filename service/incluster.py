@@ -101,7 +101,8 @@ class ClusterMode:
             source=self.source, credentials=self.credentials, inventory=inventory
         )
         self.credentials_writer = CredentialsWriter(api)
-        self.status_writer = StatusWriter(api, self.status, self.ref)
+        # A new leader compares each status with the watched copy, not a GET per Proxy (the intake).
+        self.status_writer = StatusWriter(api, self.status, self.ref, known=self.cluster_status.raw)
         self.status_writer.leading = lambda: self.leading
         self.events = EventRecorder(api, self.ref, instance=kube.identity)
         self.status.subscribe_events(self._event)

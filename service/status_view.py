@@ -63,6 +63,13 @@ class ClusterStatus:
         for listener in self._listeners:
             listener(key)
 
+    def raw(self, key: str) -> dict[str, Any]:
+        """The status as the watch last read it, as plain JSON ({} when it has none): what a new leader's
+        status writer compares with instead of reading each Proxy again (service/kube/status_writer.py)."""
+        with self._lock:
+            packed = self._packed.get(key)
+        return dict(json.loads(zlib.decompress(packed))) if packed is not None else {}
+
     # --- StatusReader ----------------------------------------------------------------------------------
 
     def subscribe(self, listener: Callable[[str], None]) -> None:

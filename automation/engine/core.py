@@ -166,21 +166,12 @@ class Engine:
 
     def export_stored(self, name: str) -> dict[str, Any]:
         """The state as stored, secret values still encrypted (`export` above decrypts them)."""
-        workspace = self._workspace(name)
-        home = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
-        try:
-            result = self._command.run(
-                ["stack", "export", "--stack", name], workspace.work_dir, {**home, **workspace.env_vars}
-            )
-        except auto.errors.CommandError as exc:
-            raise translate(exc, stack=name) from exc
-        return dict(json.loads(result.stdout))
+        return dict(self._read_json(name, ["stack", "export"]))
 
     def plain_outputs(self, name: str) -> dict[str, Any]:
         """Output values (secrets decrypted); empty when there is no such stack. One CLI call."""
         try:
-            with self._operation(name, "outputs", create=False) as (stack, _events):
-                return {key: out.value for key, out in stack.outputs().items()}
+            return dict(self._read_json(name, ["stack", "output", "--json", "--show-secrets"]) or {})
         except InvalidInputError as exc:
             if exc.reason == STACK_NOT_FOUND:
                 return {}
@@ -189,12 +180,12 @@ class Engine:
     def stack_tags(self, name: str) -> dict[str, str] | None:
         """The stack's tags (its owner among them); None when there is no such stack. One CLI call."""
         try:
-            with self._operation(name, "tags", create=False) as (stack, _events):
-                return {key: str(value) for key, value in stack.list_tags().items()}
+            tags = self._read_json(name, ["stack", "tag", "ls", "--json"]) or {}
         except InvalidInputError as exc:
             if exc.reason == STACK_NOT_FOUND:
                 return None
             raise
+        return {key: str(value) for key, value in tags.items()}
 
     def set_owner(self, name: str, installation: str) -> None:
         """Record `installation` as the stack's owner (a stack tag: kept by every backend)."""
@@ -207,6 +198,20 @@ class Engine:
         return str(value) if value else None
 
     # --- plumbing -------------------------------------------------------------------------------------
+
+    def _read_json(self, name: str, args: list[str]) -> Any:
+        """A read of one stack as one CLI call, named by `--stack` (selecting it first, as the Automation
+        API does, is a call of its own, and `outputs()` makes two: the backend read of a term makes these
+        for every stack), its JSON output."""
+        workspace = self._workspace(name)
+        home = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
+        try:
+            result = self._command.run(
+                [*args, "--stack", name], workspace.work_dir, {**home, **workspace.env_vars}
+            )
+        except auto.errors.CommandError as exc:
+            raise translate(exc, stack=name) from exc
+        return json.loads(result.stdout or "null")
 
     @contextmanager
     def _operation(self, name: str, kind: str, *, create: bool = True) -> Iterator[tuple[auto.Stack, Any]]:

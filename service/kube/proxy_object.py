@@ -40,6 +40,7 @@ class ProxyObject:
     __slots__ = (
         "_body",
         "_status",
+        "bare",
         "deleting",
         "finalized",
         "generation",
@@ -61,10 +62,11 @@ class ProxyObject:
         finalized: bool,  # carries our finalizer
         body: Obj,
         status: Obj,
+        bare: bool = False,  # carries no finalizer at all (ours is added without reading it again)
     ) -> None:
         self.namespace, self.name, self.uid = namespace, name, uid
         self.generation, self.resource_version = generation, resource_version
-        self.deleting, self.finalized = deleting, finalized
+        self.deleting, self.finalized, self.bare = deleting, finalized, bare
         self._body = _pack(body)
         self._status = _pack(status) if status else ""
 
@@ -160,6 +162,7 @@ def proxy_object(raw: Obj) -> ProxyObject:
         resource_version=str(meta.get("resourceVersion") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
         finalized=FINALIZER in (meta.get("finalizers") or []),
+        bare=not meta.get("finalizers"),
         body={"apiVersion": API_VERSION, "kind": KIND, "metadata": body_meta, "spec": obj["spec"]},
         status=obj.get("status") or {},
     )

@@ -223,7 +223,7 @@ class KubernetesSource:
             return
         self._leaving.discard(key)  # a live object of that name: an earlier deletion of it is over
         if self.writes and not obj.finalized:
-            self.finalizers.add(key)
+            self.finalizers.add(key, bare=obj.bare)
         try:
             proxy = Proxy.model_validate(obj.body)
         except ValidationError as exc:

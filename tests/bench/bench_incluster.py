@@ -15,6 +15,13 @@ and less representative load.) One more Proxy on the catalogue's `local` provide
 latency. Health probing is set to 1 s and one success, so "Ready at the new port" is not dominated by the
 default 10 s x 2 probes; the figure to the `up` start does not depend on it.
 
+Then the service is stopped (SIGTERM: it releases its Lease) and started again on the same state, as after an
+upgrade or a handover: a new leader on 10,000 unchanged Proxies. The bench edits the `local` Proxy's port as
+soon as the Lease is held (a change during the intake) and prints the time to its `up` and to Ready, the
+time to the service's "first pass done" (every stack read, changes run), and the writes to the other
+10,000 (Proxies with a new resourceVersion, writes seen by its watch, new Events) until nothing is written
+for SETTLE s.
+
 Then the follower phase (tests/bench/follower_phase.py): the same Proxies given a leader's status (address,
 Healthy), a second `serve` that never leads, its event-loop lag (the service's own histogram), CPU and a paced
 lease load, quiet and while Healthy flips, against the same lease load over a static inventory. The leader's
@@ -100,6 +107,7 @@ class Service:
     process: subprocess.Popen[bytes]
     log: Path
     started: float
+    wall: float = field(default_factory=time.time)  # the start, as the service's log times read
 
     def memory(self) -> tuple[float, float, float]:
         """RSS, PSS and peak RSS (VmHWM) of the service process alone, in MiB."""
@@ -134,9 +142,12 @@ def _kib_fields(text: str) -> dict[str, int]:
 
 
 @contextmanager
-def service(args: list[str], *, tmp: Path, name: str, env: dict[str, str]) -> Iterator[Service]:
+def service(
+    args: list[str], *, tmp: Path, name: str, env: dict[str, str], run: str = ""
+) -> Iterator[Service]:
+    """The service `name` (its state and backend folders kept across runs: `run` names a restart's log)."""
     state = tmp / f"state-{name}"
-    (tmp / f"backend-{name}").mkdir()
+    (tmp / f"backend-{name}").mkdir(exist_ok=True)
     full_env = {
         **os.environ,
         **SERVICE_ENV,
@@ -148,7 +159,7 @@ def service(args: list[str], *, tmp: Path, name: str, env: dict[str, str]) -> It
     if TRACEMALLOC and name == "bench-full":
         argv[:1] = [sys.executable, "-X", "tracemalloc=8", "-c", TRACED]
         full_env.update(BENCH_SNAPSHOT=str(tmp / "snapshot"), PYTHONPATH=str(ROOT))
-    log = tmp / f"service-{name}.log"
+    log = tmp / f"service-{name}{run}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
             argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
@@ -160,7 +171,7 @@ def service(args: list[str], *, tmp: Path, name: str, env: dict[str, str]) -> It
         running.stop()
 
 
-def cluster_service(kube: KubeApi, tmp: Path, identity: str) -> Any:
+def cluster_service(kube: KubeApi, tmp: Path, identity: str, run: str = "") -> Any:
     env = {
         "PROXY_OPERATOR_KUBE_NAMESPACES": json.dumps([NAMESPACE]),
         "PROXY_OPERATOR_KUBE_NAMESPACE": NAMESPACE,
@@ -168,7 +179,7 @@ def cluster_service(kube: KubeApi, tmp: Path, identity: str) -> Any:
         # A Lease of its own: a predecessor's Lease left held would delay the start by a lease duration.
         "PROXY_OPERATOR_KUBE_LEASE_NAME": identity,
     }
-    return service(["--kubeconfig", str(kube.kubeconfig)], tmp=tmp, name=identity, env=env)
+    return service(["--kubeconfig", str(kube.kubeconfig)], tmp=tmp, name=identity, env=env, run=run)
 
 
 def sample_memory(svc: Service, *, seconds: float, every: float = 2.0) -> list[tuple[float, float]]:
@@ -380,14 +391,19 @@ def _until(check: Callable[[], Any], *, what: str, within: float = 180) -> Any:
     raise SystemExit(f"not reached within {within:.0f} s: {what}")
 
 
-def cluster_latency(api: ApiClient) -> Latency:
+def cluster_edit(api: ApiClient) -> tuple[Callable[[int], None], Callable[[], dict[str, Any]]]:
+    """Edit the local Proxy's port; read its status."""
     path = f"{PROXIES_PATH}/{LOCAL}"
 
     def edit(port: int) -> None:
         body = {"spec": {"port": port}}
         request_json(api, "PATCH", path, body=body, content_type="application/merge-patch+json")
 
-    return measure_latency(edit, lambda: request_json(api, "GET", path).get("status") or {})
+    return edit, lambda: request_json(api, "GET", path).get("status") or {}
+
+
+def cluster_latency(api: ApiClient) -> Latency:
+    return measure_latency(*cluster_edit(api))
 
 
 def folder_latency(tmp: Path) -> Latency:
@@ -463,6 +479,8 @@ def _leads(svc: Service, api: ApiClient, identity: str) -> bool:
 
 
 def run(tmp: Path) -> None:
+    from tests.bench.incluster_restart import report_restart  # it imports this module
+
     (tmp / "kube").mkdir()
     windows: list[Window] = []
     with running_apiserver(tmp / "kube") as kube, kube.client() as api:
@@ -471,7 +489,7 @@ def run(tmp: Path) -> None:
         created = create_proxies(kube.client, PROXIES)
         print(f"created {PROXIES} Proxies in {created:.1f} s ({PROXIES / created:.0f}/s, 16 threads)")
         if "leader" in ONLY:
-            windows, latency = leader_phase(kube, api, tmp, empty)
+            windows, latency, again = leader_phase(kube, api, tmp, empty)
         if "follower" in ONLY:
             names = [(f"p{i:05d}", 20000 + i % 40000) for i in range(PROXIES)]
             windows += follower_phase(
@@ -480,11 +498,16 @@ def run(tmp: Path) -> None:
     report(windows)
     if "leader" in ONLY:
         report_latency(latency, folder_latency(tmp))
+        report_restart(again)
 
 
 def leader_phase(
     kube: KubeApi, api: ApiClient, tmp: Path, empty: list[tuple[float, float]]
-) -> tuple[list[Window], Latency]:
+) -> tuple[list[Window], Latency, Any]:
+    """The leader's intake, latency and a restart on the same fleet (tests/bench/incluster_restart.py,
+    which removes the local proxy at its end)."""
+    from tests.bench.incluster_restart import restart  # it imports this module
+
     request_json(api, "POST", PROXIES_PATH, body=proxy_doc(NAMESPACE, LOCAL, port=free_port()))
     seen = Seen()
     watcher = watch_proxies(api, seen)
@@ -492,11 +515,10 @@ def leader_phase(
         with cluster_service(kube, tmp, "bench-full") as svc:
             windows = report_full(svc, api, seen, empty)
             latency = cluster_latency(api)
-            request_json(api, "DELETE", f"{PROXIES_PATH}/{LOCAL}")
-            _until(lambda: LOCAL not in resource_versions(api), what="the local proxy released", within=120)
+        again = restart(kube, api, tmp, seen)
     finally:
         watcher.stop()
-    return windows, latency
+    return windows, latency, again
 
 
 def _follower(tmp: Path, kube: KubeApi) -> FollowerRun:

@@ -136,8 +136,10 @@ class ClusterFleet:
             raise
 
     def events(self, name: str) -> list[dict[str, Any]]:
-        events = request_json(self.api, "GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
-        return [e for e in events if e["involvedObject"]["name"] == name]
+        return [e for e in self.events_all() if e["involvedObject"]["name"] == name]
+
+    def events_all(self) -> list[dict[str, Any]]:
+        return request_json(self.api, "GET", f"/api/v1/namespaces/{self.namespace}/events")["items"]
 
     def secret(self, name: str) -> dict[str, Any] | None:
         try:

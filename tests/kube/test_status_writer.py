@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from kubernetes.client import ApiClient
 from urllib3.exceptions import ProtocolError
 
+from service.kube.client import request_json
 from service.kube.refs import ProxyRef
 from service.kube.status_writer import StatusWriter, merge_patch, render
 from service.status import StatusBoard
@@ -148,7 +151,7 @@ def test_a_failing_write_is_retried_and_logged_once(
     failures = iter(range(3))
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
-        if threading.current_thread().name == "status-writer" and next(failures, None) is not None:
+        if threading.current_thread().name.startswith("status-writer") and next(failures, None) is not None:
             raise ProtocolError("connection reset by the test")
         return real_call(*args, **kwargs)
 
@@ -200,3 +203,82 @@ def test_a_replica_that_stepped_down_writes_nothing_and_reads_again_in_its_next_
         assert read_proxy(kube_client, ref)["status"]["phase"] == "Degraded"
     finally:
         writer.close()
+
+
+def test_a_new_writer_compares_with_the_watched_status_and_reads_nothing(
+    kube_client: ApiClient, ns: str
+) -> None:
+    """A new leader takes 10,000 Proxies in: given the status the watch saw (`known`), it reads none of them
+    again, writes none that is unchanged, and a difference is still written as a patch of what differs."""
+    refs = {ref.key: ref for ref in (create_proxy(kube_client, ns, f"seen-{i}") for i in range(3))}
+    old = StatusBoard()
+    first = writer_for(kube_client, old, refs)
+    for ref in refs.values():
+        applied(old, ref)
+    assert first.wait_idle(IDLE)
+    first.close()
+    watched = {key: read_proxy(kube_client, ref)["status"] for key, ref in refs.items()}
+
+    board = StatusBoard()
+    for key in refs:
+        board.set_applied(key, stack="local", spec_hash="abc", address=Address(host="127.0.0.1", port=18081))
+        board.set_condition(key, type_=ConditionType.PROVISIONED, true=True, reason=Reason.PROVISIONED)
+    second = StatusWriter(kube_client, board, refs.get, backoff=(0.05,), known=watched.get)
+    second.start()
+    try:
+        assert second.wait_idle(IDLE)
+        assert (second.reads, second.writes) == (0, 0)
+        key = next(iter(refs))
+        board.set_egress(key, "203.0.113.7")
+        assert second.wait_idle(IDLE)
+        assert (second.reads, second.writes) == (0, 1)
+        assert read_proxy(kube_client, refs[key])["status"] == {**watched[key], "egressIP": "203.0.113.7"}
+    finally:
+        second.close()
+
+
+def test_a_change_made_while_a_new_term_writes_the_fleet_goes_ahead_of_it(
+    kube_api: Any, kube_client: ApiClient, ns: str
+) -> None:
+    """A new leader's first statuses are a bulk (every Proxy it took in); a real change marked meanwhile is
+    written within a batch or so, not after the bulk (etcd's revisions give the order of the writes)."""
+    bulk = create_many(kube_api, ns, 400)
+    changed = create_proxy(kube_client, ns, "changed")
+    refs = {ref.key: ref for ref in [*bulk, changed]}
+    board = StatusBoard()
+    for ref in bulk:  # what the intake reported, before the writer runs: marked at once by start()
+        board.set_condition(ref.key, type_=ConditionType.STALLED, true=True, reason=Reason.UNKNOWN_PROVIDER)
+    writer = writer_for(kube_client, board, refs)
+    try:
+        deadline = time.monotonic() + IDLE
+        while writer.writes == 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        applied(board, changed)  # the change: its `up` started and finished
+        assert writer.wait_idle(IDLE)
+        revisions = {
+            item["metadata"]["name"]: int(item["metadata"]["resourceVersion"])
+            for item in request_json(kube_client, "GET", changed.path().rsplit("/", 1)[0])["items"]
+        }
+        after = sum(1 for ref in bulk if revisions[ref.name] > revisions[changed.name])
+        assert read_proxy(kube_client, changed)["status"]["phase"] == "Ready"
+        assert after > len(bulk) // 2, f"the change waited behind the bulk: only {after} written after it"
+    finally:
+        writer.close()
+
+
+def create_many(kube_api: Any, ns: str, count: int) -> list[ProxyRef]:
+    """`count` Proxies, created by 8 threads (a client each, closed after)."""
+    local, clients = threading.local(), []
+
+    def create(i: int) -> ProxyRef:
+        if not hasattr(local, "api"):
+            local.api = kube_api.client()
+            clients.append(local.api)
+        return create_proxy(local.api, ns, f"bulk-{i:04d}")
+
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            return list(pool.map(create, range(count)))
+    finally:
+        for client in clients:
+            client.close()

@@ -1,0 +1,154 @@
+"""A new leader taking the fleet in (issue 20's intake), against the real apiserver and the real engine:
+it writes nothing to a Proxy that is already right, and it still acts on no stack it could not read.
+
+The replicas are the real service (tests/kube/cluster_fleet.py). How a change made during the intake goes
+ahead of it is tested at the status writer (tests/kube/test_status_writer.py), where the order is etcd's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes.client import ApiClient
+
+import service.controller
+from automation.engine import APPLIED_PROXIES_OUTPUT
+from service.kube.client import request_json
+from service.sources.kubernetes import FINALIZER
+from tests.automation.fleet import accepts
+from tests.conftest import PulumiEnv
+from tests.kube.apiserver import KubeApi
+from tests.kube.cluster_fleet import BASE, ClusterFleet, Replica, stays, until
+from tests.ports import free_port
+
+COUNT = 120  # Proxies on a provider the catalogue lacks: no process, but finalizer, status and Event each
+
+
+@pytest.fixture
+def fleet(kube_api: KubeApi, kube_client: ApiClient, pulumi_env: PulumiEnv, tmp_path: Path):
+    fleet = ClusterFleet(
+        api=kube_client, kubeconfig=kube_api.kubeconfig, root=tmp_path, backend_url=pulumi_env.backend_url
+    )
+    yield fleet
+    fleet.kill_proxies()
+
+
+def listed(fleet: ClusterFleet) -> list[dict[str, Any]]:
+    return request_json(fleet.api, "GET", f"{BASE}/namespaces/{fleet.namespace}/proxies")["items"]
+
+
+def versions(fleet: ClusterFleet) -> dict[str, str]:
+    return {item["metadata"]["name"]: item["metadata"]["resourceVersion"] for item in listed(fleet)}
+
+
+def taken_in(fleet: ClusterFleet) -> bool:
+    """Every Proxy has our finalizer and its status says Stalled (the provider is unknown)."""
+    items = listed(fleet)
+    return len(items) == COUNT and all(
+        FINALIZER in (item["metadata"].get("finalizers") or [])
+        and (item.get("status") or {}).get("phase") == "Stalled"
+        for item in items
+    )
+
+
+def settled(replica: Replica) -> bool:
+    """Leading, its first pass done, and nothing left to write."""
+    mode = replica.mode
+    controller = mode.controller
+    return (
+        mode.leading
+        and controller is not None
+        and controller.started
+        and mode.status_writer.wait_idle(0)
+        and mode.source.finalizers.idle()
+    )
+
+
+def test_a_new_leader_writes_nothing_to_proxies_already_right(fleet: ClusterFleet) -> None:
+    """Before: a new leader read each Proxy's status again (a GET each) and compared, and wrote a Proxy
+    whose status it caught half-built. Now it compares with the watched copy: no read, and no write to a
+    Proxy whose finalizer and status are right. (It still records an Event for each: every condition is a
+    transition on its new board.)"""
+    for i in range(COUNT):
+        fleet.create(f"u{i:03d}", port=20000 + i, provider="elsewhere")
+
+    async def scenario() -> None:
+        first = await fleet.start("replica-a")
+        try:
+            await until(lambda: taken_in(fleet), what="the first leader takes them in", within=120)
+            await until(lambda: settled(first), what="the first leader settles")
+            await first.stop()
+            before = versions(fleet)
+
+            second = await fleet.start("replica-b")
+            await until(lambda: settled(second), what="the second leader settles", within=60)
+            assert await stays(lambda: versions(fleet) == before, seconds=3), "a Proxy was written"
+            writer = second.mode.status_writer
+            assert (writer.reads, writer.writes) == (0, 0), "statuses read again or rewritten"
+        finally:
+            await fleet.stop_all()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.engine
+def test_a_stack_that_cannot_be_read_is_not_acted_on(
+    fleet: ClusterFleet, pulumi_env: PulumiEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The backend read runs across stacks at once; one whose read fails (its applied proxies no longer
+    read) is left alone while the other goes on: a Proxy of it deleted during the handover keeps its
+    finalizer and its process until the stack reads again. Before, the read that failed for good counted
+    as read, and the deleting Proxy, known to no stack, lost its finalizer with its process still running."""
+    monkeypatch.setattr(service.controller, "REREAD_SECONDS", 1.0, raising=False)
+    fleet.set_catalogue(["a", "b"])
+    pa, pb, moved = free_port(), free_port(), free_port()
+    fleet.create("pa", port=pa, provider="a")
+    fleet.create("pb", port=pb, provider="b")
+
+    async def scenario() -> None:
+        first = await fleet.start("replica-a")
+        try:
+            for name, port in (("pa", pa), ("pb", pb)):
+                await until(lambda n=name, p=port: ready_at(fleet, n, p), what=f"{name} Ready", within=180)
+            await first.stop()
+            checkpoint, saved = unreadable(pulumi_env.backend_dir, "b")
+            fleet.delete("pb")  # a deletion during the handover: our finalizer holds the object
+
+            second = await fleet.start("replica-b")
+            await until(lambda: settled(second), what="the second leader settles", within=60)
+            fleet.edit("pa", {"spec": {"port": moved}})  # the readable stack goes on
+            await until(lambda: ready_at(fleet, "pa", moved), what="pa Ready at its new port", within=120)
+            kept = await stays(lambda: fleet.get("pb") is not None and accepts(pb), seconds=3)
+            assert kept, "the Proxy of the stack that cannot be read lost its finalizer or its process"
+            assert second.mode.engine.up_count("b") == 0, "an up ran on a stack that was not read"
+
+            checkpoint.write_text(saved)  # it reads again: the deletion goes ahead
+            await until(lambda: fleet.get("pb") is None, what="pb released once its stack reads", within=120)
+            assert not accepts(pb), "pb's process was left running"
+        finally:
+            await fleet.stop_all()
+
+    asyncio.run(scenario())
+
+
+def ready_at(fleet: ClusterFleet, name: str, port: int) -> bool:
+    status = (fleet.get(name) or {}).get("status") or {}
+    return status.get("phase") == "Ready" and (status.get("address") or {}).get("port") == port
+
+
+def unreadable(backend: Path, stack: str) -> tuple[Path, str]:
+    """Make the applied proxies of a stack's checkpoint (the file backend's) unreadable to the current
+    rules, as a stricter rule would; returns the file and its text to restore."""
+    (checkpoint,) = backend.glob(f".pulumi/stacks/**/{stack}.json")
+    saved = checkpoint.read_text()
+    doc = json.loads(saved)
+    for resource in doc["checkpoint"]["latest"]["resources"]:
+        if resource["type"] == "pulumi:pulumi:Stack":
+            for proxy in resource["outputs"][APPLIED_PROXIES_OUTPUT]:
+                proxy["spec"]["port"] = "not a port"
+    checkpoint.write_text(json.dumps(doc))
+    return checkpoint, saved
