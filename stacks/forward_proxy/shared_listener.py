@@ -6,7 +6,7 @@ provider adds each proxy over the control socket (0600 in the 0700 state folder,
 channel), which also carries the lease users of every proxy it serves, each request naming its proxy
 (`namespace/name`; the service's channel for it is `shared:NAMESPACE/NAME@CONTROL.sock`, channel.py):
 
-    {"op": "serve", "proxy": K, "config": PATH} -> {"ok": true}   listening once answered; a proxy
+    {"op": "serve", "proxy": K, "config": PATH} -> {"ok": true, "port": P}   listening once answered; a proxy
         already served from the same PATH takes PATH's settings in place (an interrupted create again)
     {"op": "reload", "proxy": K}                -> {"ok": true}   PATH read again, applied in place
     {"op": "drop", "proxy": K}                  -> {"ok": true, "remaining": N}   listener closed, its
@@ -113,7 +113,7 @@ class Listener:
         if served is not None:
             if served.config_file != Path(path):
                 return _refused(f"{proxy} is served from {served.config_file}, not {path}")
-            return self._apply(served, config)
+            return self._apply(served, config) | {"port": served.server.sockets[0].getsockname()[1]}
         shared = new_shared(config, total=config.limits.total)
         try:
             server = await asyncio.start_server(
@@ -127,8 +127,9 @@ class Listener:
             return _refused(f"cannot listen on {config.bind}:{config.port}: {exc}")
         self._proxies[proxy] = Served(config_file=Path(path), shared=shared, server=server)
         self._fit()
-        print(f"{proxy}: listening on {config.bind}:{config.port} ({config.protocol})", flush=True)
-        return {"ok": True}
+        port = server.sockets[0].getsockname()[1]  # the port bound (0 in the config: one the kernel chose)
+        print(f"{proxy}: listening on {config.bind}:{port} ({config.protocol})", flush=True)
+        return {"ok": True, "port": port}
 
     async def _reload(self, proxy: str, _request: dict[str, Any]) -> Answer:
         served = self._proxies.get(proxy)

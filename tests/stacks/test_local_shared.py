@@ -172,7 +172,8 @@ def test_a_crashed_listener_takes_every_proxy_down_and_a_create_starts_a_new_one
         assert fleet.provider.read("id", fleet.outs[item["key"]]).id == ""
         fleet.create(item)
     new = fleet.ref("crawl/a")
-    assert new != old and new == fleet.ref("crawl/b")
+    assert new != old
+    assert new == fleet.ref("crawl/b")
     assert _own(fleet.outs["crawl/b"], origin_port) == 200
 
 
@@ -225,5 +226,5 @@ def test_process_model_is_validated_with_a_clear_error() -> None:
     assert ProviderCatalogue.model_validate({"providers": [entry]}).providers[0].process_model == "shared"
     default = ProviderCatalogue.model_validate({"providers": [{"name": "l", "type": "local"}]})
     assert default.providers[0].process_model == "perProxy"
-    with pytest.raises(ValueError, match="use perProxy .* or shared"):
+    with pytest.raises(ValueError, match=r"use perProxy .* or shared"):
         ProviderCatalogue.model_validate({"providers": [{**entry, "processModel": "one"}]})
