@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -216,8 +217,13 @@ def test_the_probe_gate_admits_a_served_port_and_refuses_a_dropped_one(
         )  # fmt: skip
 
     assert refusal(endpoint(a)) is None
+    assert refusal(endpoint(b)) is None  # remembered now: the next check reads one descriptor
     fleet.delete("crawl/b")
-    assert "does not listen on port" in str(refusal(endpoint(b)))
+    with socket.socket() as squatter:  # another process takes the port b's listener let go
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", b["port"]))
+        squatter.listen()
+        assert "does not listen on port" in str(refusal(endpoint(b)))
     assert refusal(endpoint(a)) is None
 
 
