@@ -4,8 +4,9 @@ Either a unix socket in the proxy's state folder (the `local` provider), mode 06
 the user that runs the service (and started the proxy) can connect, and the proxy itself only ever dials
 TCP, so no client can reach the channel through the proxy. Or `tcp://HOST:PORT` (a proxy pod, whose
 service runs in other pods): there every request carries `"token": control_token(the proxy's password)`,
-and one without the right token is refused and its connection closed (`start_tcp`, `channel.py`). One
-JSON object per line each way:
+and one without the right token is refused and its connection closed (`start_tcp`, `channel.py`). A shared
+listener's one socket serves many proxies (`shared_listener.py`): each request names its proxy, which
+`call` adds for a `shared:` channel. One JSON object per line each way:
 
     {"op": "add", "user": U, "password": P, "ttl": SECONDS}  -> {"ok": true}
     {"op": "add", "user": U, "digest": HEX, "ttl": SECONDS}  -> {"ok": true}   (SHA-256 of the password)

@@ -1,4 +1,5 @@
-"""The `local` provider type: each proxy is a process on this machine, run by a dynamic provider.
+"""The `local` provider type: each proxy is a process on this machine, run by a dynamic provider; or,
+with the entry's `processModel: shared`, a port of one listener process per entry (`local_shared.py`).
 
 The process is `stacks.forward_proxy` (HTTP + CONNECT, or SOCKS5): it enforces the egress policy on the
 address it connects to, and admits only `allowedSourceRanges` (when set). It starts with a minimal

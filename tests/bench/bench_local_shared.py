@@ -189,10 +189,10 @@ def _print_idle(
         f"{base['fds']} fds; probe gate {base_gate:.0f} us (without its memory {base_scan:.0f} us)"
     )
     for row in rows:
-        per_port = (row["rss"] * 1024) / row["count"]
+        per_port = (row["rss"] - base["rss"]) * 1024 / row["count"]  # above one idle proxy process
         print(
-            f"shared listener, {row['count']:,} ports idle: RSS {row['rss']:.1f} MiB ({per_port:.1f} KiB a "
-            f"port; {row['count'] * base['rss'] / row['rss']:.0f}x less than a process each), "
+            f"shared listener, {row['count']:,} ports idle: RSS {row['rss']:.1f} MiB ({per_port:.1f} KiB "
+            f"more a port; {row['count'] * base['rss'] / row['rss']:.0f}x less than a process each), "
             f"PSS {row['pss']:.1f} MiB, "
             f"{row['fds']:,} fds (limit {row['nofile']}); added in {row['added']:.1f} s "
             f"({row['count'] / row['added']:.0f}/s); probe gate {row['gate']:.0f} us "
