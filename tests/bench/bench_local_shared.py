@@ -175,6 +175,11 @@ def _up(tmp: Path, *, name: str, count: int, model: str) -> tuple[float, float]:
     try:
         stack.up()
         up = time.perf_counter() - started
+    except auto.CommandError as exc:  # say why, then clean up: the other figures still print
+        up = float("nan")
+        print(
+            f"up of {count} ({model}) failed after {time.perf_counter() - started:.0f} s: {str(exc)[-2000:]}"
+        )
     finally:
         started = time.perf_counter()
         stack.destroy()
@@ -202,8 +207,9 @@ def _print_idle(
 
 
 def main() -> None:
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[attr-defined]  # part 2 takes minutes
     limit = resource.getrlimit(resource.RLIMIT_NOFILE)
-    print(f"shared machine: {os.cpu_count()} cores; RLIMIT_NOFILE here {limit}")
+    print(f"shared machine: {os.cpu_count()} cores; RLIMIT_NOFILE here {limit}", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-shared-") as name:
         tmp = Path(name)
         base, base_gate, base_scan = _baseline(tmp)
