@@ -1,8 +1,9 @@
 """`python -m stacks.forward_proxy CONFIG.json`: serve until SIGTERM; SIGHUP applies an edited CONFIG.json in
-place where it can (`reload.py`).
+place where it can (`reload.py`). How each connection is judged: `session.py`.
 
-Each accepted connection is judged in this order: an allowed source (else closed without a word), room
-under the per-source and total caps (else refused by the protocol: 429 / 503 for HTTP), then its handler.
+`python -m stacks.forward_proxy --shared CONTROL.sock` is the shared listener instead
+(`shared_listener.py`): one process serving many proxies, each on its own port, added and removed over that
+control socket.
 """
 
 from __future__ import annotations
@@ -15,51 +16,13 @@ import sys
 from functools import partial
 from pathlib import Path
 
-from stacks.forward_proxy import control, http, socks
+from stacks.forward_proxy import control, http, shared_listener
 from stacks.forward_proxy.channel import tcp_address
 from stacks.forward_proxy.config import ProxyConfig
-from stacks.forward_proxy.connection import Connection, Shared, linger
-from stacks.forward_proxy.occupancy import Occupancy, fit_descriptors, source_of
+from stacks.forward_proxy.connection import Shared
 from stacks.forward_proxy.reload import reload
-from stacks.forward_proxy.tethers import Tethers
-from stacks.forward_proxy.users import Gate, LeaseUsers
-
-
-async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, shared: Shared) -> None:
-    protocol = socks if shared.gate.config.protocol == "socks5" else http
-    peer = writer.get_extra_info("peername")
-    if not peer or not shared.gate.config.admits(peer[0]):
-        writer.close()  # not an allowed source: closed without a word
-        return
-    source = source_of(peer[0])
-    full = shared.occupancy.enter(source)
-    if full is not None:
-        protocol.refuse(writer, full)
-        linger(writer)
-        return
-    connection = Connection(reader, writer, shared)
-    try:
-        await protocol.handle(connection)
-        await writer.drain()
-    except (ConnectionError, OSError, asyncio.IncompleteReadError, UnicodeError):
-        pass  # the client went away or spoke nonsense: nothing to answer
-    except asyncio.CancelledError:
-        pass  # the proxy stops; ended, not cancelled: Python 3.11 logs a traceback per cancelled session
-    finally:
-        connection.close()
-        shared.occupancy.leave(source)
-
-
-def _shared(config: ProxyConfig) -> Shared:
-    users = LeaseUsers()
-    total = fit_descriptors(config.limits.total)
-    if total < config.limits.total:
-        print(f"at most {total} connections: the descriptor limit allows no more", flush=True)
-    return Shared(
-        gate=Gate(config=config, users=users),
-        tethers=Tethers(users),
-        occupancy=Occupancy(per_source=config.limits.per_source, total=total),
-    )
+from stacks.forward_proxy.session import new_shared, session
+from stacks.forward_proxy.users import Gate
 
 
 async def _control(shared: Shared) -> asyncio.Server | None:
@@ -85,10 +48,10 @@ def _reload(shared: Shared, config_file: Path) -> None:
 
 
 async def serve(config: ProxyConfig, config_file: Path | None = None) -> None:
-    shared = _shared(config)
+    shared = new_shared(config)
     channel = await _control(shared)  # before the proxy listens: ready means both are
     server = await asyncio.start_server(
-        partial(_session, shared=shared), config.bind, config.port, limit=http.MAX_HEAD, reuse_address=True
+        partial(session, shared=shared), config.bind, config.port, limit=http.MAX_HEAD, reuse_address=True
     )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -109,6 +72,9 @@ async def serve(config: ProxyConfig, config_file: Path | None = None) -> None:
 
 
 def main(argv: list[str]) -> None:
+    if len(argv) == 3 and argv[1] == shared_listener.FLAG:
+        shared_listener.main(argv[2])
+        return
     config_file = Path(argv[1])
     try:
         config = ProxyConfig.read(config_file)

@@ -14,7 +14,7 @@ cannot keep it: past `LINGER` seconds it is aborted, since it no longer counts a
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.dial import Streams, dial
@@ -29,12 +29,13 @@ LINGER = 10.0  # seconds a closed connection may take to hand its last bytes to 
 @dataclass
 class Shared:
     """What every connection of one proxy shares: who may log in, whose connections follow which lease
-    user, and how many are open. `gate` is replaced when an edited configuration is applied in place
+    user, and which are open. `gate` is replaced when an edited configuration is applied in place
     (`reload.py`); a connection reads it at each step, so what it judges next follows the edit."""
 
     gate: Gate
     tethers: Tethers
     occupancy: Occupancy
+    connections: set[Connection] = field(default_factory=set)  # open now: a shared listener cuts them
 
 
 class Connection:

@@ -4,8 +4,9 @@ Either a unix socket in the proxy's state folder (the `local` provider), mode 06
 the user that runs the service (and started the proxy) can connect, and the proxy itself only ever dials
 TCP, so no client can reach the channel through the proxy. Or `tcp://HOST:PORT` (a proxy pod, whose
 service runs in other pods): there every request carries `"token": control_token(the proxy's password)`,
-and one without the right token is refused and its connection closed (`start_tcp`, `channel.py`). One
-JSON object per line each way:
+and one without the right token is refused and its connection closed (`start_tcp`, `channel.py`). A shared
+listener's one socket serves many proxies (`shared_listener.py`): each request names its proxy, which
+`call` adds for a `shared:` channel. One JSON object per line each way:
 
     {"op": "add", "user": U, "password": P, "ttl": SECONDS}  -> {"ok": true}
     {"op": "add", "user": U, "digest": HEX, "ttl": SECONDS}  -> {"ok": true}   (SHA-256 of the password)
@@ -28,11 +29,11 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from stacks.forward_proxy.channel import control_token, tcp_address, token_matches
+from stacks.forward_proxy.channel import control_token, shared_address, tcp_address, token_matches
 from stacks.forward_proxy.users import LeaseUsers, UsersFull
 
 MAX_LINE = 4096
@@ -96,14 +97,18 @@ def apply(users: LeaseUsers, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True}
 
 
-async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, users: LeaseUsers) -> None:
+Answer = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, answer_to: Answer) -> None:
     try:
         while line := await reader.readline():
             try:
                 request = json.loads(line)
-                answer = apply(users, request) if isinstance(request, dict) else {"ok": False}
             except ValueError:
                 answer = {"ok": False, "error": "one JSON object per line"}
+            else:
+                answer = await answer_to(request) if isinstance(request, dict) else {"ok": False}
             writer.write(json.dumps(answer).encode() + b"\n")
             await writer.drain()
     except (ConnectionError, ValueError):  # ValueError: a line past MAX_LINE
@@ -115,11 +120,20 @@ async def _session(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, u
 async def start(path: str, users: LeaseUsers) -> asyncio.Server:
     """Listen on the unix socket `path` (a stale socket from a dead process is replaced), mode 0600 from
     the start (a `tcp://` channel: `start_tcp`)."""
+
+    async def answer(request: dict[str, Any]) -> dict[str, Any]:
+        return apply(users, request)
+
+    return await start_unix(path, answer)
+
+
+async def start_unix(path: str, answer: Answer) -> asyncio.Server:
+    """`start` with the answers of `answer` (the shared listener's, which name a proxy)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     umask = os.umask(0o177)  # no window in which the socket is wider than 0600
     try:
-        server = await asyncio.start_unix_server(lambda r, w: _session(r, w, users), path, limit=MAX_LINE)
+        server = await asyncio.start_unix_server(lambda r, w: _session(r, w, answer), path, limit=MAX_LINE)
     finally:
         os.umask(umask)
     os.chmod(path, 0o600)
@@ -190,8 +204,8 @@ async def call(
     address, request = _addressed(channel, request, password=password)
     try:
         async with asyncio.timeout(wait):
-            if address is None:
-                reader, writer = await asyncio.open_unix_connection(channel, limit=MAX_LINE)
+            if isinstance(address, str):
+                reader, writer = await asyncio.open_unix_connection(address, limit=MAX_LINE)
             else:
                 reader, writer = await asyncio.open_connection(*address, limit=MAX_LINE)
             try:
@@ -216,14 +230,18 @@ async def call(
 
 def _addressed(
     channel: str, request: dict[str, Any], *, password: str | None
-) -> tuple[tuple[str, int] | None, dict[str, Any]]:
-    """Where to connect (None: the unix socket `channel`) and what to send there."""
+) -> tuple[str | tuple[str, int], dict[str, Any]]:
+    """Where to connect (a unix socket path, or a TCP host and port) and what to send there."""
     try:
         address = tcp_address(channel)
+        shared = shared_address(channel)
     except ValueError as exc:
         raise ControlError(str(exc)) from exc
+    if shared is not None:
+        path, proxy = shared
+        return path, {**request, "proxy": proxy}
     if address is None:
-        return None, request
+        return channel, request
     if not password:
         raise ControlError(f"control channel {channel}: a tcp channel needs the proxy's password")
     return address, {**request, "token": control_token(password)}

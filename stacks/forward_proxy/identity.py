@@ -17,6 +17,8 @@ from pathlib import Path
 MODULE = "stacks.forward_proxy"  # run as `python -m stacks.forward_proxy CONFIG.json`
 LISTEN, SYN_RECV = b"0A", b"03"  # socket states in /proc/net/tcp
 READ_SIZE = 1024  # a few lines of /proc/net/tcp per read
+MAX_REMEMBERED = 100_000  # (pid, port) pairs `holds_listener` remembers
+_HELD: dict[tuple[int, int], tuple[int, str]] = {}
 
 
 @dataclass(frozen=True)
@@ -78,26 +80,57 @@ def is_ours(ref: ProcessRef) -> bool:
 
 
 def holds_listener(pid: int, port: int) -> bool:
-    """`pid` itself holds a listening TCP socket on `port` (from /proc, no external tools)."""
-    inodes = set()
+    """`pid` itself holds a listening TCP socket on `port` (from /proc, no external tools).
+
+    A shared listener holds thousands of sockets, and the probe gate asks before every probe: reading all
+    its descriptors and the listening table each time cost milliseconds at 10,000 ports. So what a scan
+    found is remembered, per process and port, as the descriptor and the socket's inode; the next check
+    reads that one descriptor and holds only while it still names that very socket (a listening socket
+    keeps its port; closed, its descriptor names another inode or nothing, and the process is scanned
+    again). One scan of a process fills in every port it listens on."""
+    key = (pid, port)
+    known = _HELD.get(key)
+    if known is not None:
+        fd, inode = known
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
+                return True
+        del _HELD[key]
+    held = _scan(pid)
+    if len(_HELD) + len(held) > MAX_REMEMBERED:
+        _HELD.clear()  # bounded: processes come and go
+    _HELD.update(((pid, p), fd_inode) for p, fd_inode in held.items())
+    return port in held
+
+
+def holds_listener_uncached(pid: int, port: int) -> bool:
+    """`holds_listener` without the memory: every descriptor and the listening table read on each call
+    (the check as it was before the shared listener; the bench compares the two)."""
+    return port in _scan(pid)
+
+
+def _scan(pid: int) -> dict[int, tuple[int, str]]:
+    """Every port `pid` listens on itself: port -> (descriptor, socket inode)."""
+    sockets: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for fd in Path(f"/proc/{pid}/fd").iterdir():
             with contextlib.suppress(OSError):
                 target = os.readlink(fd)
                 if target.startswith("socket:["):
-                    inodes.add(target[len("socket:[") : -1])
+                    sockets[target[len("socket:[") : -1]] = int(fd.name)
+    held: dict[int, tuple[int, str]] = {}
     for table in ("tcp", "tcp6"):
         with contextlib.suppress(OSError):
-            if any(p == port and i in inodes for p, i in _listeners(Path(f"/proc/{pid}/net/{table}"))):
-                return True
-    return False
+            for port, inode in _listeners(Path(f"/proc/{pid}/net/{table}")):
+                if inode in sockets:
+                    held[port] = (sockets[inode], inode)
+    return held
 
 
 def _listeners(table: Path) -> Iterator[tuple[int, str]]:
     """(port, inode) of each listening socket in a /proc/net/tcp table. The kernel lists them first, then
     walks every slot of the connection table (a millisecond or more, however few connections there are),
-    and it makes only as many lines as a read asks for: so small reads, and a stop where the listeners end
-    (or where the caller found its port)."""
+    and it makes only as many lines as a read asks for: so small reads, and a stop where the listeners end."""
     with table.open("rb", buffering=READ_SIZE) as lines:
         next(lines, None)  # the header
         for line in lines:

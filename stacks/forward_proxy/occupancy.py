@@ -79,3 +79,17 @@ def fit_descriptors(total: int) -> int:
         except (ValueError, OSError):
             pass  # keep the soft limit we have
     return max(1, min(total, (soft - RESERVE) // PER_CONNECTION))
+
+
+def raise_to_hard() -> int:
+    """The shared listener's descriptors: the soft limit raised to the hard one (every port holds one, every
+    connection two); the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if wanted > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass  # keep the soft limit we have
+    return soft

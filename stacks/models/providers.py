@@ -99,6 +99,9 @@ class KvmProvider(ProviderBase):
         return next((host for host in self.hosts if host.name == name), None)
 
 
+PROCESS_MODELS = ("perProxy", "shared")
+
+
 class LocalProvider(ProviderBase):
     type: Literal["local"]
     bind_address: str = Field(
@@ -107,11 +110,28 @@ class LocalProvider(ProviderBase):
     state_dir: str | None = Field(
         default=None, description="Where process state and logs go; default a temp folder."
     )
+    process_model: Literal["perProxy", "shared"] = Field(
+        default="perProxy",
+        description=(
+            "perProxy: one forward proxy process per Proxy; shared: one listener process for every Proxy "
+            "of this entry, each on its own port with its own settings (docs/providers.md)."
+        ),
+    )
 
     @field_validator("bind_address")
     @classmethod
     def _ip_address(cls, value: str) -> str:
         return ip_address_text(value)
+
+    @field_validator("process_model", mode="before")
+    @classmethod
+    def _known_model(cls, value: object) -> object:
+        if value not in PROCESS_MODELS:
+            raise ValueError(
+                f"processModel {value!r} is not a process model: use perProxy (one process per proxy, the "
+                "default) or shared (one listener process serving every proxy of this entry on its own port)"
+            )
+        return value
 
 
 ProviderEntry = Annotated[

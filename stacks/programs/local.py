@@ -1,4 +1,5 @@
-"""The `local` provider type: each proxy is a process on this machine, run by a dynamic provider.
+"""The `local` provider type: each proxy is a process on this machine, run by a dynamic provider; or,
+with the entry's `processModel: shared`, a port of one listener process per entry (`local_shared.py`).
 
 The process is `stacks.forward_proxy` (HTTP + CONNECT, or SOCKS5): it enforces the egress policy on the
 address it connects to, and admits only `allowedSourceRanges` (when set). It starts with a minimal
@@ -36,22 +37,15 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 from stacks.forward_proxy import identity
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.control import socket_path
-from stacks.models import EgressSpec, LocalProvider
+from stacks.models import LocalProvider
 from stacks.programs import local_process as proc
-from stacks.programs import local_reload
+from stacks.programs import local_props, local_reload
 from stacks.programs.component import ControlledEndpoint, ProxyEndpoint, child_opts
 from stacks.programs.context import ProgramSettings, ProxyContext
+from stacks.programs.local_props import RUNTIME_OUTPUTS
+from stacks.programs.local_shared import LocalSharedProxyProvider
 
-# A new process: what it listens on and speaks. Egress, allowed sources and credentials are edited in place
-# (local_reload.py) unless authentication is turned on or off (the control channel comes or goes).
-REPLACE_ON = ("bind_address", "port", "protocol")
-RUNTIME_OUTPUTS = ("pid", "start_time", "log_path", "control")
-
-
-def _ref(props: dict[str, Any]) -> proc.ProcessRef | None:
-    if props.get("pid") is None or props.get("start_time") is None:
-        return None
-    return proc.ProcessRef(pid=int(props["pid"]), start_time=int(props["start_time"]))
+_ref = local_props.ref_of
 
 
 def _control(props: dict[str, Any]) -> str | None:
@@ -62,16 +56,7 @@ def _control(props: dict[str, Any]) -> str | None:
 
 
 def _config(props: dict[str, Any]) -> ProxyConfig:
-    return ProxyConfig(
-        bind=props["bind_address"],
-        port=int(props["port"]),
-        protocol=props["protocol"],
-        egress=EgressSpec.model_validate(props.get("egress") or {}),
-        sources=tuple(props.get("sources") or ()),
-        username=props.get("username") or None,
-        password=props.get("password") or None,
-        control=_control(props),
-    )
+    return local_props.config_of(props, control=_control(props))
 
 
 def _stop_interrupted(starting: Path, config_file: Path) -> None:
@@ -124,11 +109,7 @@ class LocalProxyProvider(ResourceProvider):
         return ReadResult(id_=id_, outs=props)
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
-        replaces = [key for key in REPLACE_ON if olds.get(key) != news.get(key)]
-        if bool(olds.get("username")) != bool(news.get("username")):
-            replaces.append("username")
-        changed = [key for key in news if key not in RUNTIME_OUTPUTS and olds.get(key) != news.get(key)]
-        return DiffResult(changes=bool(changed), replaces=replaces, delete_before_replace=True)
+        return local_props.diff(olds, news)
 
     def update(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
         # The running process stays: an edit it can take is applied to it in place (its tunnels and lease
@@ -158,11 +139,23 @@ class LocalProxy(Resource, module="proxy-operator", name="LocalProxy"):
     log_path: pulumi.Output[str]
     control: pulumi.Output[str | None]
 
-    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        props: dict[str, Any],
+        opts: pulumi.ResourceOptions | None = None,
+        *,
+        provider: ResourceProvider | None = None,
+    ) -> None:
+        """One type for both process models, so a switch is a replace of each proxy (delete first: the new
+        listener wants the same port), run by the provider each state names (`local_props.REPLACE_ON`)."""
         outputs = {key: None for key in RUNTIME_OUTPUTS}
         secret = pulumi.ResourceOptions(additional_secret_outputs=["password"])
         super().__init__(
-            LocalProxyProvider(), name, {**props, **outputs}, pulumi.ResourceOptions.merge(opts, secret)
+            provider or LocalProxyProvider(),
+            name,
+            {**props, **outputs},
+            pulumi.ResourceOptions.merge(opts, secret),
         )
 
 
@@ -185,7 +178,11 @@ def _proxy(entry: LocalProvider, ctx: ProxyContext, settings: ProgramSettings) -
         "egress": ctx.egress.model_dump(by_alias=True, mode="json"),
         "sources": list(spec.allowed_source_ranges),
     }
-    process = LocalProxy(ctx.proxy.key, props, child_opts(ctx.component))
+    provider: ResourceProvider | None = None
+    if entry.process_model == "shared":  # absent otherwise: states from before the setting stay unchanged
+        props |= {"process_model": "shared", "entry": entry.name}
+        provider = LocalSharedProxyProvider()
+    process = LocalProxy(ctx.proxy.key, props, child_opts(ctx.component), provider=provider)
     return ControlledEndpoint(  # every local endpoint has the key, None without credentials
         host=proc.probe_host(bind),
         port=spec.port,

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from stacks.forward_proxy.identity import MODULE, ProcessRef, holds_listener, is_running, start_time
+from stacks.forward_proxy.shared_listener import FLAG as SHARED_FLAG
 
 READY_TIMEOUT = 15.0
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -28,6 +29,21 @@ class ProxyStartError(RuntimeError):
 def proxy_command(config_file: Path) -> list[str]:
     """Our filtering forward proxy (`stacks.forward_proxy`) on a 0600 config file (credentials and policy)."""
     return [sys.executable, "-m", MODULE, str(config_file)]
+
+
+def shared_command(control_socket: str) -> list[str]:
+    """The shared listener of one entry (`stacks/forward_proxy/shared_listener.py`) on its control socket."""
+    return [sys.executable, "-m", MODULE, SHARED_FLAG, control_socket]
+
+
+def accepts_within(host: str, port: int, *, timeout: float = READY_TIMEOUT) -> bool:
+    """Does `host:port` accept a connection within `timeout` seconds?"""
+    deadline = time.monotonic() + timeout
+    while not _accepts(host, port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL)
+    return True
 
 
 def child_environment() -> dict[str, str]:
@@ -80,13 +96,13 @@ def wait_until_listening(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not is_running(ref):
-            raise ProxyStartError(f"the proxy exited before listening on {host}:{port}: {_tail(log_path)}")
+            raise ProxyStartError(f"the proxy exited before listening on {host}:{port}: {tail(log_path)}")
         if holds_listener(ref.pid, port) and _accepts(host, port):
             return
         time.sleep(POLL)
     stop(ref)
     raise ProxyStartError(
-        f"the proxy did not listen on {host}:{port} within {timeout:.0f}s: {_tail(log_path)}"
+        f"the proxy did not listen on {host}:{port} within {timeout:.0f}s: {tail(log_path)}"
     )
 
 
@@ -104,7 +120,7 @@ def stop(ref: ProcessRef, *, grace: float = STOP_GRACE) -> None:
             time.sleep(POLL)
 
 
-def _tail(path: Path, limit: int = 600) -> str:
+def tail(path: Path, limit: int = 600) -> str:
     try:
         return path.read_text(errors="replace")[-limit:].strip() or "(log empty)"
     except OSError:
