@@ -15,6 +15,8 @@ from typing import Any
 import pulumi
 from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider
 
+from stacks.programs import dynamic_pickling
+
 # Letters and digits only: safe in a pproxy URI, a tinyproxy BasicAuth line, a 3proxy users line and a shell
 # heredoc, so generated credentials never need quoting anywhere.
 ALPHABET = string.ascii_letters + string.digits
@@ -80,6 +82,7 @@ class GeneratedCredentials(Resource, module="proxy-operator", name="GeneratedCre
             {"keeper": keeper, "username": None, "password": None},
             pulumi.ResourceOptions.merge(opts, secret_opts),
         )
+        dynamic_pickling.unstack()
 
 
 class StableSuffix(Resource, module="proxy-operator", name="StableSuffix"):
@@ -91,3 +94,4 @@ class StableSuffix(Resource, module="proxy-operator", name="StableSuffix"):
         self, name: str, *, keeper: str = "", length: int = 6, opts: pulumi.ResourceOptions | None = None
     ) -> None:
         super().__init__(SuffixProvider(), name, {"keeper": keeper, "length": length, "suffix": None}, opts)
+        dynamic_pickling.unstack()

@@ -38,8 +38,8 @@ from stacks.forward_proxy import identity
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.control import socket_path
 from stacks.models import LocalProvider
+from stacks.programs import dynamic_pickling, local_props, local_reload
 from stacks.programs import local_process as proc
-from stacks.programs import local_props, local_reload
 from stacks.programs.component import ControlledEndpoint, ProxyEndpoint, child_opts
 from stacks.programs.context import ProgramSettings, ProxyContext
 from stacks.programs.local_props import RUNTIME_OUTPUTS
@@ -157,6 +157,7 @@ class LocalProxy(Resource, module="proxy-operator", name="LocalProxy"):
             {**props, **outputs},
             pulumi.ResourceOptions.merge(opts, secret),
         )
+        dynamic_pickling.unstack()
 
 
 def state_dir(entry: LocalProvider, settings: ProgramSettings) -> Path:
