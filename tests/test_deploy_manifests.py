@@ -272,7 +272,7 @@ def test_the_cluster_role_grants_what_the_kubernetes_source_needs() -> None:
         "create",
         "delete",
     }
-    assert granted(rules, "crawl.example.com", "proxies/status") == {"get", "patch"}
+    assert granted(rules, "crawl.example.com", "proxies/status") == {"patch"}
     assert granted(rules, "crawl.example.com", "proxypools") == {"list", "watch"}
     assert granted(rules, "crawl.example.com", "proxypools/status") == {"patch"}
     assert not granted(rules, "crawl.example.com", "proxypools/finalizers")  # blockOwnerDeletion is false

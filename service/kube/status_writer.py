@@ -7,7 +7,8 @@ Steps, in a worker thread (the board is called from the asyncio loop and from th
    them), writes a batch (`parallel` threads; one by default), looks up the live object (`lookup`: namespace,
    name, uid), and renders the board's published status as the CRD's JSON;
 3. it compares with what it last wrote for that uid; for a uid it has not written yet, with the status the
-   object has: as the watch last saw it (`known`), or one GET where no watched copy is given (after a
+   object has: as the watch last saw it (`known`), or one GET where no watched copy is given (the service
+   always gives one, so deploy/rbac.yaml grants no `get` on proxies/status; after a
    restart an unchanged status is not written again, and each condition keeps the lastTransitionTime the
    object shows while its status is the same, and lastOperation and observedGeneration stay while the
    board knows nothing newer);
