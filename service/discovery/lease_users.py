@@ -17,8 +17,10 @@ has live users of this replica who it is (`hello`: one small request per pod and
 seen before with that instance (a new pod of a rollout, a container started again) gets each live user of
 the proxy added by its digest, with the lease's end as the store has it now (a lease released or ended is
 dropped instead). The headless Service of a proxy's pods publishes a pod before it is Ready, and a pod is
-not Ready before FOLLOW_SECONDS have passed (its readiness probe's initial delay), so a new pod has the
-users before it takes traffic; a DNS cache that outlives that delay can still leave a window of 407s.
+not Ready before FOLLOW_SECONDS have passed (its readiness probe's initial delay), so a new pod mostly has
+the users before it takes traffic; when it has not (a loaded node, a DNS cache that outlives the delay),
+the pod holds a login of a lease user it was never given until the round brings it (the proxy's
+`LeaseUsers.hold`, stacks/forward_proxy/users.py) instead of a 407.
 Users issued by a replica that is gone are not added again, nor are those of a `local` proxy's process
 started again (its unix socket is not followed): those leases fail closed.
 """
@@ -39,6 +41,7 @@ from service.discovery.control_targets import Resolve
 from service.discovery.store import LeaseRecord
 from service.inventory import Inventory
 from stacks.forward_proxy import control
+from stacks.forward_proxy.users import LEASE_PREFIX
 
 log = logging.getLogger(__name__)
 PUSH_SECONDS = 2.0  # the bounded wait for a proxy's acknowledgement
@@ -65,7 +68,7 @@ class LeaseUser:
 
 
 def user_of(lease_id: str) -> str:
-    return f"lease-{lease_id}"
+    return LEASE_PREFIX.decode() + lease_id  # the prefix a new pod's hold waits for
 
 
 class LeaseUsers:

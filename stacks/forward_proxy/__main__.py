@@ -37,6 +37,7 @@ async def _control(shared: Shared) -> asyncio.Server | None:
     else:
         users, host, port = shared.gate.users, *address
         server = await control.start_tcp(host, port, users, password=lambda: shared.gate.config.password)
+        users.hold(config.limits.lease_hold_seconds)  # followed: the service brings this instance its users
     print(f"lease users on {config.control}", flush=True)
     return server
 

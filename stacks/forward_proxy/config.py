@@ -4,8 +4,9 @@
  "egress": {spec.egress by alias},
  "sources": [allowedSourceRanges], "control": "/state/dir/STEM.ctl" | "tcp://HOST:PORT" | null,
  "limits": {"head_seconds": 10, "handshake_seconds": 10, "idle_seconds": 300, "per_source": 256,
-            "total": 1024}}; no username means no authentication. `control` is where the proxy listens for
-lease users (control.py; over tcp only with a password, which keys its token); null: no lease users.
+            "total": 1024, "lease_hold_seconds": 15}}; no username means no authentication. `control` is
+where the proxy listens for lease users (control.py; over tcp only with a password, which keys its token);
+null: no lease users.
 `limits` and each of its keys are optional (`Limits` says what each bounds); a file written before they
 existed keeps working with the defaults.
 """
@@ -35,6 +36,10 @@ class Limits:
     idle_seconds: float = 300.0  # a relay with no byte read either way for this long is closed on both sides
     per_source: int = 256  # connections open at once from one address (IPv6: one /64); past it 429
     total: int = 1024  # connections open at once in all (lowered to what the descriptor limit allows); 503
+    # On a tcp control channel (a proxy pod's, whose live lease users the service adds to each new instance,
+    # service/discovery/lease_users.py `follow`): for this long after the channel opens, a login of a lease
+    # user this instance has never seen waits for the user to arrive instead of a 407 at once; 0: no wait.
+    lease_hold_seconds: float = 15.0
 
     def __post_init__(self) -> None:
         for name in ("head_seconds", "handshake_seconds", "idle_seconds"):
@@ -43,10 +48,21 @@ class Limits:
                 raise ValueError(f"limits.{name}: a number of seconds, not {value!r}")
             if value <= 0:
                 raise ValueError(f"limits.{name}: more than 0 seconds, not {value!r}")
+        hold = self.lease_hold_seconds
+        if isinstance(hold, bool) or not isinstance(hold, int | float) or not 0 <= hold <= 300:
+            raise ValueError(f"limits.lease_hold_seconds: 0 to 300 seconds, not {hold!r}")
         for name in ("per_source", "total"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"limits.{name}: a whole number of connections, at least 1, not {value!r}")
+
+    def to_json(self) -> dict[str, Any]:
+        """Every limit, but the lease hold only when it is not the default: the file a pod's Secret holds
+        stays what it was before the hold existed, so an upgrade rolls no pod for it."""
+        written = asdict(self)
+        if self.lease_hold_seconds == Limits.lease_hold_seconds:
+            del written["lease_hold_seconds"]
+        return written
 
     @classmethod
     def from_json(cls, raw: object) -> Limits:
@@ -113,7 +129,7 @@ class ProxyConfig:
             "username": self.username,
             "password": self.password,
             "control": self.control,
-            "limits": asdict(self.limits),
+            "limits": self.limits.to_json(),
         }
 
     def write(self, path: Path) -> None:

@@ -64,6 +64,17 @@ class Connection:
             self._shared.tethers.attach(user, self)
         return login is not Login.REFUSED
 
+    async def admit(self, user: bytes, password: bytes) -> bool:
+        """`login`, or, refused as a lease user a new instance has not been given yet (`LeaseUsers.hold`),
+        `login` again once that user arrives or the hold ends."""
+        if self.login(user, password):
+            return True
+        users = self._shared.gate.users
+        if not users.holds(user):
+            return False
+        await users.arrival(user)
+        return self.login(user, password)
+
     async def dial(self, host: str, port: int) -> Streams:
         """`dial.dial` under the proxy's egress policy; the upstream side is kept for a cut. A
         ConnectionError when the connection was cut while dialing."""

@@ -47,7 +47,7 @@ def refuse(writer: asyncio.StreamWriter, full: Full) -> None:
     _reply(writer, status, {"Proxy-Status": proxy_status("connection_limit_reached", detail)})
 
 
-def _authorized(headers: list[tuple[str, str]], conn: Connection) -> bool:
+async def _authorized(headers: list[tuple[str, str]], conn: Connection) -> bool:
     if conn.open:
         return True
     for name, value in headers:
@@ -58,7 +58,7 @@ def _authorized(headers: list[tuple[str, str]], conn: Connection) -> bool:
             except (binascii.Error, ValueError):
                 return False
             user, _, password = given.partition(b":")
-            return conn.login(user, password)
+            return await conn.admit(user, password)
     return False
 
 
@@ -142,7 +142,7 @@ async def handle(conn: Connection) -> None:
     if not version.startswith("HTTP/"):
         _reply(writer, 400)
         return
-    if not _authorized(headers, conn):
+    if not await _authorized(headers, conn):
         _reply(writer, 407, {"Proxy-Authenticate": 'Basic realm="proxy"'})
         return
     if method.upper() != "CONNECT":

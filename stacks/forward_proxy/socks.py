@@ -42,7 +42,7 @@ async def _authenticate(conn: Connection) -> bool:
     _, user_length = await reader.readexactly(2)
     user = await reader.readexactly(user_length)
     password = await reader.readexactly((await reader.readexactly(1))[0])
-    good = conn.login(user, password)
+    good = await conn.admit(user, password)
     writer.write(bytes([1, 0 if good else 1]))
     return good
 

@@ -8,10 +8,18 @@ wall clock is needed (the service sends a ttl, not a date).
 
 A user's end and its revoke also reach the connections it opened: every change of a user is told to the
 `watcher` (`tethers.Tethers`, which cuts them), and `Gate.login` says which kind of user logged in.
+
+A new instance on a followed channel (a proxy pod's tcp channel: the service adds its live users to each new
+instance within a follow round) is `hold`-ing for a while: a login of a lease user it has never seen waits
+(`arrival`) for the user to be added, then is judged again. Without it a pod that took traffic before the
+round reached it answered 407 to a live lease (seen on the test node under load). A user it has seen (added,
+then revoked or ended) and a wrong password of a known user are refused at once; after the hold nothing waits.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -23,6 +31,7 @@ from dataclasses import dataclass, field
 from stacks.forward_proxy.config import ProxyConfig
 
 MAX_USERS = 100_000  # bounded memory: far above the leases one proxy can hold at once
+LEASE_PREFIX = b"lease-"  # the service names each lease's user lease-<id> (service/discovery/lease_users.py)
 
 
 class UsersFull(Exception):
@@ -45,6 +54,36 @@ class LeaseUsers:
     # instance (the control channel's `hello`), so the service pushes its live users there again.
     instance: str = field(default_factory=lambda: secrets.token_hex(8))
     _users: dict[bytes, tuple[bytes, float]] = field(default_factory=dict)
+    _hold_until: float = 0.0  # on `clock`; 0: not holding
+    _seen: set[bytes] = field(default_factory=set)  # users added during the hold
+    _waiting: dict[bytes, list[asyncio.Future[None]]] = field(default_factory=dict)
+
+    def hold(self, seconds: float) -> None:
+        """Hold logins of unseen lease users for `seconds` from now (the channel opened)."""
+        self._hold_until = self.clock() + seconds
+
+    def holds(self, user: bytes) -> bool:
+        """Is a refused login of `user` worth waiting on: a lease user never seen, while holding?"""
+        if self._hold_until and self.clock() >= self._hold_until:
+            self._hold_until, self._seen = 0.0, set()  # over for good: nothing to remember
+        return bool(self._hold_until) and user.startswith(LEASE_PREFIX) and user not in self._seen
+
+    async def arrival(self, user: bytes) -> None:
+        """Until `user` is added, or the hold ends."""
+        left = self._hold_until - self.clock()
+        if left <= 0:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(user, []).append(waiter)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiter, left)
+        finally:
+            waiters = self._waiting.get(user, [])
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters:
+                self._waiting.pop(user, None)
 
     def add(self, user: str, password: str, *, ttl: float) -> None:
         """Admit `user` for `ttl` seconds from now (a second add replaces the password and the end)."""
@@ -59,6 +98,11 @@ class LeaseUsers:
         key = user.encode()
         self._users[key] = (digest, self.clock() + ttl)
         self.watcher(key)
+        if self._hold_until:
+            self._seen.add(key)
+            for waiter in self._waiting.pop(key, []):
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def renew(self, user: str, *, ttl: float) -> bool:
         """Move a live user's end to `ttl` seconds from now; False when it is unknown or already ended."""

@@ -61,6 +61,7 @@ PRE_STOP_SECONDS = 5  # well inside the pod's default 30 s grace
 READINESS_PERIOD_SECONDS = 2
 # A new pod takes traffic only once each service replica could give it the live lease users (the control
 # channel's FOLLOW_SECONDS): before, a rollout answered 407 to live leases for a moment (seen on the node).
+# A round later than that (a loaded node) is covered by the proxy's hold (stacks/forward_proxy/users.py).
 READINESS_DELAY_SECONDS = math.ceil(FOLLOW_SECONDS) + 1
 
 
