@@ -309,9 +309,10 @@ class RecordingStore:
         return acquired
 
     async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
-        released = await self.inner.release(lease_id, now=now, cooldown=cooldown)
+        # Recorded as the release starts: the waiter, once the proxy is free in the store, may be granted
+        # it before this call's own await returns (seen with Redis under load).
         self.events.append("released")
-        return released
+        return await self.inner.release(lease_id, now=now, cooldown=cooldown)
 
 
 def test_wait_is_woken_by_a_release(
@@ -341,7 +342,10 @@ def test_wait_is_woken_by_a_release(
         woke = not thread.is_alive()
         thread.join()
     assert woke, "the waiter did not wake on the release"
-    assert store.events == ["granted", "refused", "released", "granted"]
+    # The waiter may also try while the release is under way (a wake-up from elsewhere): refused again.
+    first, *middle, last = store.events
+    assert (first, last) == ("granted", "granted"), store.events
+    assert set(middle) == {"refused", "released"}, store.events
     assert result["response"].status_code == 200
     assert keys(result["response"]) == ["default/a"]
 
