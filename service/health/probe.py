@@ -1,15 +1,15 @@
 """One probe: TCP connect to the proxy, then fetch the probe URL through it with the proxy's credentials.
 
-HTTP proxies get an absolute-URI GET (plain http) or CONNECT + TLS (https); SOCKS5 proxies a SOCKS5
-handshake with username/password, then the request. Written on asyncio streams, with no client object per
-probe, so one core probes thousands of proxies per second. The echo route's JSON `ip` is the egress IP.
+HTTP proxies get an absolute-URI GET (plain http) or CONNECT + TLS (https); SOCKS5 proxies a SOCKS5 handshake
+with username/password, then the request. Written on one asyncio Protocol per connection (`probe_conn.py`),
+with no client object per probe, so one core probes thousands of proxies per second. The echo route's JSON
+`ip` is the egress IP.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import json
 import ssl
 import time
@@ -17,10 +17,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from service.health.errors import ProbeFailed
+from service.health.probe_conn import ProbeConnection
 from service.health.socks5 import Socks5Error, socks5_connect
 from service.inventory import ProxyEndpoint
 
+__all__ = ["MAX_RESPONSE", "ProbeFailed", "ProbeResult", "ProxyProber"]
+
 MAX_RESPONSE = 64 * 1024
+REQUEST_CACHE = 4096  # (method, target, credentials) requests kept made; past it the cache starts over
 
 
 @dataclass(frozen=True)
@@ -32,12 +37,6 @@ class ProbeResult:
     latency_seconds: float
     egress_ip: str | None = None
     error: str | None = None
-
-
-class ProbeFailed(Exception):
-    def __init__(self, outcome: str, message: str) -> None:
-        super().__init__(message)
-        self.outcome = outcome
 
 
 class ProxyProber:
@@ -64,75 +63,80 @@ class ProxyProber:
         self._timeout = timeout
         self._clock = clock
         self._ssl = ssl_context  # None: the system's trust store, made on first https probe
+        self._requests: dict[tuple[str, str, tuple[str, str] | None], bytes] = {}
 
     async def probe(self, endpoint: ProxyEndpoint) -> ProbeResult:
         start = self._clock()
+        connection: ProbeConnection | None = None
+        # One timer for the whole probe: the connect's deadline first, then the probe's.
+        deadline = asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(self._timeout):
-                ip = await self._probe(endpoint)
+            async with asyncio.timeout_at(deadline + min(self._connect_timeout, self._timeout)) as timer:
+                if endpoint.host is None or endpoint.port is None:
+                    raise ProbeFailed("connect_error", "the proxy has no address yet")
+                try:
+                    connection = await ProbeConnection.open(endpoint.host, endpoint.port)
+                except OSError as exc:
+                    raise ProbeFailed(
+                        "connect_error", f"connect to {endpoint.host}:{endpoint.port}: {exc}"
+                    ) from exc
+                timer.reschedule(deadline + self._timeout)
+                ip = await self._probe(endpoint, connection)
         except ProbeFailed as exc:
             return ProbeResult(False, exc.outcome, self._clock() - start, error=str(exc))
         except TimeoutError:
+            if connection is None and self._connect_timeout < self._timeout:
+                error = f"connect timed out after {self._connect_timeout}s"
+                return ProbeResult(False, "connect_error", self._clock() - start, error=error)
             return ProbeResult(
                 False, "timeout", self._clock() - start, error=f"no answer in {self._timeout}s"
             )
         except (OSError, ValueError) as exc:  # TLS errors, resets mid-write, hostnames that do not encode
             error = f"{type(exc).__name__}: {exc}"
             return ProbeResult(False, "proxy_error", self._clock() - start, error=error)
+        finally:
+            if connection is not None:
+                await connection.close()
         return ProbeResult(True, "ok", self._clock() - start, egress_ip=ip)
 
-    async def _probe(self, endpoint: ProxyEndpoint) -> str | None:
-        reader, writer = await self._connect(endpoint)
-        try:
-            if endpoint.protocol == "socks5":
-                await self._socks5(endpoint, reader=reader, writer=writer)
-                request_target = self._path
-            elif self._https:
-                await self._http_connect(endpoint, reader=reader, writer=writer)
-                request_target = self._path
-            else:
-                request_target = self._url
-            if self._https:
-                if self._ssl is None:
-                    self._ssl = ssl.create_default_context()
-                await writer.start_tls(self._ssl, server_hostname=self._host)
-            auth = endpoint.protocol == "http" and not self._https
-            writer.write(self._request("GET", request_target, endpoint=endpoint if auth else None))
-            status, body = await _read_response(reader)
-        finally:
-            await _close(writer)
+    async def _probe(self, endpoint: ProxyEndpoint, connection: ProbeConnection) -> str | None:
+        if endpoint.protocol == "socks5":
+            await self._socks5(endpoint, connection)
+            request_target = self._path
+        elif self._https:
+            await self._http_connect(endpoint, connection)
+            request_target = self._path
+        else:
+            request_target = self._url
+        if self._https:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            await connection.start_tls(self._ssl, server_hostname=self._host)
+        auth = endpoint.protocol == "http" and not self._https
+        connection.write(
+            self._request("GET", request_target, credentials=_credentials(endpoint) if auth else None)
+        )
+        status, body = await _read_response(connection)
         if status == 407:
             raise ProbeFailed("auth_failed", "the proxy refused its credentials (407)")
         if not 200 <= status < 400:
             raise ProbeFailed("bad_status", f"probe URL answered {status} through the proxy")
         return _egress_ip(body)
 
-    async def _connect(self, endpoint: ProxyEndpoint) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        try:
-            async with asyncio.timeout(self._connect_timeout):
-                return await asyncio.open_connection(endpoint.host, endpoint.port)
-        except TimeoutError as exc:
-            raise ProbeFailed("connect_error", f"connect timed out after {self._connect_timeout}s") from exc
-        except OSError as exc:
-            raise ProbeFailed("connect_error", f"connect to {endpoint.host}:{endpoint.port}: {exc}") from exc
-
-    async def _http_connect(
-        self, endpoint: ProxyEndpoint, *, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
-        writer.write(self._request("CONNECT", f"{self._host}:{self._port}", endpoint=endpoint))
-        status, _ = await _read_head(reader)
+    async def _http_connect(self, endpoint: ProxyEndpoint, connection: ProbeConnection) -> None:
+        target = f"{self._host}:{self._port}"
+        connection.write(self._request("CONNECT", target, credentials=_credentials(endpoint)))
+        status, _ = await _read_head(connection)
         if status == 407:
             raise ProbeFailed("auth_failed", "the proxy refused its credentials (407)")
         if status != 200:
             raise ProbeFailed("proxy_error", f"CONNECT answered {status}")
 
-    async def _socks5(
-        self, endpoint: ProxyEndpoint, *, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _socks5(self, endpoint: ProxyEndpoint, connection: ProbeConnection) -> None:
         try:
             await socks5_connect(
-                reader,
-                writer,
+                connection,
+                connection,
                 host=self._host,
                 port=self._port,
                 username=endpoint.username,
@@ -141,26 +145,30 @@ class ProxyProber:
         except Socks5Error as exc:
             raise ProbeFailed(exc.outcome, str(exc)) from exc
 
-    def _request(self, method: str, target: str, *, endpoint: ProxyEndpoint | None) -> bytes:
-        lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host}:{self._port}", "Connection: close"]
-        if endpoint is not None and endpoint.username is not None:
-            token = base64.b64encode(f"{endpoint.username}:{endpoint.password or ''}".encode()).decode()
-            lines.append(f"Proxy-Authorization: Basic {token}")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode()
+    def _request(self, method: str, target: str, *, credentials: tuple[str, str] | None) -> bytes:
+        """The request's bytes, made once per method, target and credentials (the fleet's are few)."""
+        key = (method, target, credentials)
+        request = self._requests.get(key)
+        if request is None:
+            lines = [f"{method} {target} HTTP/1.1", f"Host: {self._host}:{self._port}", "Connection: close"]
+            if credentials is not None:
+                token = base64.b64encode(f"{credentials[0]}:{credentials[1]}".encode()).decode()
+                lines.append(f"Proxy-Authorization: Basic {token}")
+            request = ("\r\n".join(lines) + "\r\n\r\n").encode()
+            if len(self._requests) >= REQUEST_CACHE:
+                self._requests.clear()
+            self._requests[key] = request
+        return request
 
 
-async def _close(writer: asyncio.StreamWriter) -> None:
-    # Wait for the close (a TLS close is a short exchange), so no transport outlives its probe.
-    writer.close()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(writer.wait_closed(), 1.0)
+def _credentials(endpoint: ProxyEndpoint) -> tuple[str, str] | None:
+    if endpoint.username is None:
+        return None
+    return endpoint.username, endpoint.password or ""
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]:
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError) as exc:
-        raise ProbeFailed("proxy_error", f"the proxy closed or garbled the response: {exc}") from exc
+async def _read_head(connection: ProbeConnection) -> tuple[int, dict[str, str]]:
+    head = await connection.readuntil(b"\r\n\r\n", limit=MAX_RESPONSE)
     lines = head.decode("latin-1").split("\r\n")
     try:
         status = int(lines[0].split(" ", 2)[1])
@@ -173,16 +181,17 @@ async def _read_head(reader: asyncio.StreamReader) -> tuple[int, dict[str, str]]
     return status, headers
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    status, headers = await _read_head(reader)
+async def _read_response(connection: ProbeConnection) -> tuple[int, bytes]:
+    status, headers = await _read_head(connection)
+    length = headers.get("content-length")
     try:
-        if "content-length" in headers:
-            body = await reader.readexactly(min(int(headers["content-length"]), MAX_RESPONSE))
-        else:
-            body = await reader.read(MAX_RESPONSE)
-    except (asyncio.IncompleteReadError, ValueError, OSError) as exc:
+        if length is not None:
+            return status, await connection.readexactly(min(int(length), MAX_RESPONSE))
+        return status, await connection.read_to_end(MAX_RESPONSE)
+    except ValueError as exc:
+        raise ProbeFailed("bad_response", f"bad Content-Length {length!r}") from exc
+    except ProbeFailed as exc:
         raise ProbeFailed("bad_response", f"response body cut short: {exc}") from exc
-    return status, body
 
 
 def _egress_ip(body: bytes) -> str | None:

@@ -5,8 +5,17 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import struct
+from typing import Protocol
 
 NO_AUTH, USER_PASS, NO_ACCEPTABLE = 0x00, 0x02, 0xFF
+
+
+class Stream(Protocol):
+    """What the handshake needs of a connection (asyncio's streams have it, and the prober's connection)."""
+
+    async def readexactly(self, n: int) -> bytes: ...
+
+    def write(self, data: bytes) -> None: ...
 
 
 class Socks5Error(Exception):
@@ -16,8 +25,8 @@ class Socks5Error(Exception):
 
 
 async def socks5_connect(
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
+    reader: Stream,
+    writer: Stream,
     *,
     host: str,
     port: int,
@@ -39,9 +48,7 @@ async def socks5_connect(
     await _skip_bound_address(reader, atyp)
 
 
-async def _authenticate(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, username: str, password: str
-) -> None:
+async def _authenticate(reader: Stream, writer: Stream, *, username: str, password: str) -> None:
     user, secret = username.encode(), password.encode()
     writer.write(bytes([1, len(user)]) + user + bytes([len(secret)]) + secret)
     _, status = await _read(reader, 2)
@@ -58,7 +65,7 @@ def _address(host: str) -> bytes:
     return (b"\x01" if ip.version == 4 else b"\x04") + ip.packed
 
 
-async def _skip_bound_address(reader: asyncio.StreamReader, atyp: int) -> None:
+async def _skip_bound_address(reader: Stream, atyp: int) -> None:
     if atyp == 1:
         await _read(reader, 4 + 2)
     elif atyp == 4:
@@ -70,7 +77,7 @@ async def _skip_bound_address(reader: asyncio.StreamReader, atyp: int) -> None:
         raise Socks5Error("proxy_error", f"the SOCKS5 proxy sent an unknown address type {atyp}")
 
 
-async def _read(reader: asyncio.StreamReader, n: int) -> bytes:
+async def _read(reader: Stream, n: int) -> bytes:
     try:
         return await reader.readexactly(n)
     except (asyncio.IncompleteReadError, OSError) as exc:
