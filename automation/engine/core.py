@@ -5,6 +5,12 @@ Every stack gets its own work directory (`<state_dir>/work/<stack>`) holding a c
 directory, so two stacks sharing one would race. The program runs in the child process that the CLI starts;
 the service never imports a provider SDK. Operations block (they are subprocess calls): callers run them in
 threads. Pulumi's exceptions are translated into `automation.errors` here and nowhere else.
+
+The SDK (`pulumi.automation`, and with it gRPC, protobuf and the `pulumi` package: about 33 MiB of a
+process's RSS) is imported by the first operation or read, not with this module: a follower builds an
+`Engine` and never runs one (docs/decisions.md, "Lazy imports of the engine"). Annotations name its types
+under TYPE_CHECKING; each method that touches it at run time imports it itself (a dictionary look-up once
+loaded).
 """
 
 from __future__ import annotations
@@ -14,16 +20,14 @@ import json
 import logging
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pulumi import automation as auto
-
-from automation.engine.command import PulumiAt
 from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, OWNER_TAG, EngineConfig, StackInput
 from automation.engine.config_cache import ConfigCache, config_digest
 from automation.engine.errors import STACK_NOT_FOUND, translate
@@ -34,6 +38,11 @@ from automation.engine.state_edit import remove_components
 from automation.engine.term import Term
 from automation.errors import InvalidInputError
 
+if TYPE_CHECKING:
+    from pulumi import automation as auto
+
+    from automation.engine.command import PulumiAt
+
 log = logging.getLogger(__name__)
 
 
@@ -42,7 +51,8 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._command = PulumiAt(config.pulumi, fenced=config.fenced)
+        self._runner = _Runner(config.pulumi, fenced=config.fenced)  # shared by the term views
+        self._bound: PulumiAt | None = None  # this view's runner, made on its first CLI call
         self._locks = LockRecovery(hostname=config.hostname, foreign_gone=config.foreign_lock_gone)
         self._written = ConfigCache()  # shared by the term views: each entry names its term
         self.term: Term | None = None
@@ -52,8 +62,18 @@ class Engine:
         has ended, its operations are refused and its running children are interrupted. A view: the
         engine itself is shared across terms and never closes."""
         bound = copy.copy(self)
-        bound._command = self._command.for_term(term)
+        bound._bound = None
         bound.term = term
+        return bound
+
+    @property
+    def _command(self) -> PulumiAt:
+        """The CLI runner of this view (its term's), made on first use: making it imports the SDK and
+        reads the CLI's version (one `pulumi version`), which a follower never needs."""
+        bound = self._bound
+        if bound is None:
+            runner = self._runner.get()
+            bound = self._bound = runner.for_term(self.term) if self.term is not None else runner
         return bound
 
     # --- operations -----------------------------------------------------------------------------------
@@ -127,6 +147,8 @@ class Engine:
 
         Returns the forgotten URNs per component name (empty lists where a component was not in state).
         """
+        from pulumi import automation as auto
+
         if not self.exists(name):
             return {component: [] for component in components}
         with self._operation(name, "forget", create=False) as (stack, _events):
@@ -142,6 +164,8 @@ class Engine:
         return name in self.list_stack_names()
 
     def list_stack_names(self) -> list[str]:
+        from pulumi import automation as auto
+
         try:
             return sorted(summary.name for summary in self._workspace(None).list_stacks())
         except auto.errors.CommandError as exc:
@@ -203,6 +227,8 @@ class Engine:
         """A read of one stack as one CLI call, named by `--stack` (selecting it first, as the Automation
         API does, is a call of its own, and `outputs()` makes two: the backend read of a term makes these
         for every stack), its JSON output."""
+        from pulumi import automation as auto
+
         workspace = self._workspace(name)
         home = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
         try:
@@ -215,6 +241,8 @@ class Engine:
 
     @contextmanager
     def _operation(self, name: str, kind: str, *, create: bool = True) -> Iterator[tuple[auto.Stack, Any]]:
+        from pulumi import automation as auto
+
         events = EventLogger(stack=name, operation=kind)
         started = time.monotonic()
         try:
@@ -229,6 +257,8 @@ class Engine:
 
     def _create_or_select(self, name: str, workspace: auto.LocalWorkspace) -> auto.Stack:
         """Select the stack, or create it tagged with this installation as its owner."""
+        from pulumi import automation as auto
+
         try:
             return auto.Stack.select(name, workspace)
         except auto.errors.StackNotFoundError:
@@ -241,6 +271,8 @@ class Engine:
     def _retry_lock(self, stack: auto.Stack, operation: Callable[[], Any]) -> Any:
         """Run; on a lock whose owner is gone (a dead pid here, or a replica that `foreign_lock_gone` says is
         gone), recover it once and run again."""
+        from pulumi import automation as auto
+
         try:
             return operation()
         except auto.errors.ConcurrentUpdateError as exc:
@@ -249,6 +281,8 @@ class Engine:
         return operation()
 
     def _configure(self, stack: auto.Stack, spec: StackInput) -> None:
+        from pulumi import automation as auto
+
         config = {
             f"{CONFIG_NAMESPACE}:provider": auto.ConfigValue(spec.provider_json),
             f"{CONFIG_NAMESPACE}:proxies": auto.ConfigValue(spec.proxies_json),
@@ -283,6 +317,8 @@ class Engine:
             raise
 
     def _workspace(self, name: str | None) -> auto.LocalWorkspace:
+        from pulumi import automation as auto
+
         work_dir = self.config.state_dir / "work" / (name or "_list")
         work_dir.mkdir(parents=True, exist_ok=True)
         settings = auto.ProjectSettings(
@@ -299,6 +335,23 @@ class Engine:
             pulumi_command=self._command,
             pulumi_home=str(self.config.pulumi_home) if self.config.pulumi_home else None,
         )
+
+
+class _Runner:
+    """The one `PulumiAt` of an engine and its term views, made on the first CLI call any of them makes."""
+
+    def __init__(self, cli: Path, *, fenced: bool) -> None:
+        self.cli, self.fenced = cli, fenced
+        self._made: PulumiAt | None = None
+        self._lock = threading.Lock()  # operations run in threads: one `pulumi version`, one runner
+
+    def get(self) -> PulumiAt:
+        with self._lock:
+            if self._made is None:
+                from automation.engine.command import PulumiAt  # the SDK: `PulumiAt` extends its runner
+
+                self._made = PulumiAt(self.cli, fenced=self.fenced)
+            return self._made
 
 
 def _plain(outputs: dict[str, Any]) -> dict[str, Any]:

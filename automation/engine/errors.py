@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import re
-
-from pulumi import automation as auto
+from typing import TYPE_CHECKING
 
 from automation.engine.locks import lock_owners
 from automation.errors import (
@@ -15,6 +14,9 @@ from automation.errors import (
     StackLockedError,
     TransientError,
 )
+
+if TYPE_CHECKING:
+    from pulumi import automation as auto
 
 STACK_NOT_FOUND = "StackNotFound"
 
@@ -52,6 +54,8 @@ _TRANSIENT = [
 
 def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorError:
     """Map a failed CLI call to a permanent or transient error with a short, useful message."""
+    from pulumi import automation as auto  # loaded already: `exc` is one of its errors
+
     text = _message(exc)
     if isinstance(exc, auto.errors.ConcurrentUpdateError):
         holders = tuple(f"{o.user}@{o.host} (pid {o.pid})" for o in lock_owners(str(exc)))

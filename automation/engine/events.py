@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pulumi.automation import events as ev
+if TYPE_CHECKING:  # annotations only: the SDK is imported by the engine's first operation (core.py)
+    from pulumi.automation import events as ev
 
 log = logging.getLogger("automation.engine.events")
 
@@ -55,7 +57,7 @@ class EventLogger:
             self._proxy_of[meta.urn] = urn_name(meta.urn)
         elif parent in self._proxy_of:
             self._proxy_of[meta.urn] = self._proxy_of[parent]
-        level = logging.DEBUG if meta.op == ev.OpType.SAME else logging.INFO
+        level = logging.DEBUG if str(meta.op.value) == "same" else logging.INFO
         self._log(level, "step", urn=meta.urn, op=str(meta.op.value))
 
     def _diagnostic(self, diag: ev.DiagnosticEvent) -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
-
-from pulumi.automation import events as ev
+from typing import TYPE_CHECKING, Any
 
 from automation.engine.config import HASH_OUTPUT
 from automation.engine.events import COMPONENT_TYPE, urn_name, urn_type
+
+if TYPE_CHECKING:  # annotations only: a follower imports this module and never the SDK
+    from pulumi.automation import events as ev
 
 CHANGE_OPS = ("create", "update", "replace", "delete")
 

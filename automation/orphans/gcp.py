@@ -17,8 +17,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import httpx
-
 from automation.orphans.model import Orphan
 from stacks.marks import (
     GCP_INSTALLATION,
@@ -129,11 +127,15 @@ class HttpCompute:
     timeout: float = 30.0
 
     def get(self, path: str, params: dict[str, str]) -> dict[str, Any]:
+        import httpx  # here, not at the top: `serve` imports this module (the CLI) and never calls it
+
         answer = httpx.get(COMPUTE + path, params=params, headers=self._headers(), timeout=self.timeout)
         answer.raise_for_status()
         return dict(answer.json())
 
     def delete(self, path: str) -> None:
+        import httpx
+
         httpx.delete(COMPUTE + path, headers=self._headers(), timeout=self.timeout).raise_for_status()
 
     def _headers(self) -> dict[str, str]:
@@ -144,6 +146,8 @@ def access_token() -> str:
     token = os.environ.get(TOKEN_ENV)
     if token:
         return token
+    import httpx
+
     try:
         answer = httpx.get(METADATA_TOKEN, headers={"Metadata-Flavor": "Google"}, timeout=5)
         answer.raise_for_status()

@@ -7,11 +7,16 @@ The leader's part (status and credentials Secrets) is written here through the A
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +27,17 @@ from service.inventory import HealthState, Inventory, ProxyEndpoint
 from service.kube.client import request_json
 from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter
 from service.kube.follower import FollowedInventory
+from service.kube.lease import LeaseRecord, write_lease
 from service.kube.refs import ProxyRef
 from service.kube.settings import KubeSettings
 from service.sources.kubernetes import FINALIZER, KubernetesSource, proxy_object
-from tests.kube.apiserver import running_apiserver
+from tests.kube.apiserver import KubeApi, running_apiserver
 from tests.kube.manifests import install_crds
 from tests.kube.test_watch import compact_etcd
 
 BASE = "/apis/crawl.example.com/v1alpha1"
-CRDS = Path(__file__).resolve().parents[2] / "crds"
+ROOT = Path(__file__).resolve().parents[2]
+CRDS = ROOT / "crds"
 WAIT = 20.0
 
 
@@ -258,3 +265,38 @@ def test_a_relist_after_a_watch_gap_comes_out_right(tmp_path: Path) -> None:
                 assert follower.state("b") is HealthState.unhealthy
             finally:
                 watcher.stop()
+
+
+def test_a_follower_serves_without_importing_the_engine_sdk(
+    kube_api: KubeApi, follower: Follower, tmp_path: Path
+) -> None:
+    """`serve --kubeconfig` as a follower (the Lease held by a leader that is not running), in a fresh
+    interpreter: it serves the leader's proxy and never imports the Pulumi SDK, gRPC or protobuf (issue
+    20: about 33 MiB of its RSS). A leader imports them at its first CLI call (test_lazy_imports.py)."""
+    record = LeaseRecord.first("elsewhere", now=datetime.now(UTC), duration=600)
+    write_lease(
+        follower.api,
+        namespace=follower.namespace,
+        name="proxy-operator",
+        current=None,
+        record=record,
+        timeout=10,
+    )
+    follower.create("p1", port=18531)
+    follower.write_status("p1", port=18531)
+    follower.settle(lambda: follower.port("p1") == 18531, "the leader's status watched")
+    args = [str(kube_api.kubeconfig), follower.namespace, str(tmp_path / "state"), "6"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.service.follower_modules", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["terms"] == 0, "it led: the Lease was not held"
+    assert found["served"] == [f"{follower.namespace}/p1"], "not a working follower"
+    assert found["loaded"] == [], f"a follower's import set regained {found['loaded']}"
