@@ -1,6 +1,6 @@
-"""Benchmark of discovery and health (run by `make bench`, not by pytest). Prints figures; asserts nothing.
+"""Benchmark of discovery (run by `make bench`, not by pytest). Prints figures; asserts nothing.
 
-1. Leases: POST /v1/leases against a live uvicorn (a separate process) holding 10,000 healthy proxies, with
+Leases: POST /v1/leases against a live uvicorn (a separate process) holding 10,000 healthy proxies, with
    cooldown, stickiness and penalties on: 100 targets, one in ten requests in a sticky session, and the first
    500 proxies of the LRU banned for every target. The same load against a bare FastAPI route that returns a
    constant, served the same way in the same round, is the baseline; the ratios are the figures. Memory store,
@@ -8,8 +8,8 @@
    the rounds. The load comes from wrk when installed (a C generator) and from a minimal asyncio client;
    each generator's CPU is printed, since a saturated generator flatters the ratio (it cannot offer the bare
    route more than it can send).
-2. Probes: the prober on one core (one event loop) through real pproxy listeners to the echo route, probes/s,
-   against plain asyncio TCP connects to the same listeners.
+
+The prober's benchmark is `bench_probes.py` (it starts this file's echo server: `serve echo PORT`).
 
 Settings: BENCH_RUNS (5), BENCH_SECONDS (5) per measurement after a 1 s warm-up; BENCH_BANNED (500) and
 BENCH_SESSIONS (10 of the 100 targets) set the mix (0 and 0: the plain lease loop of issue 9's first figures).
@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import Load, bodies, run_python, run_wrk, wrk  # noqa: E402
 
 from tests.ports import free_port  # noqa: E402
-from tests.pproxy_command import PPROXY  # noqa: E402
 
 PROXIES = 10_000
 BANNED = int(os.environ.get("BENCH_BANNED", "500"))  # the LRU's front (never used, by key), banned everywhere
@@ -264,84 +263,6 @@ def _median_line(kind: str, generator: str, rounds: Rounds, *, bare: Rounds) -> 
     return line + f"   => {ratio:.2f} of bare, p99 x{p99:.2f} bare's; bare/ours CPU per request {cpu:.2f}"
 
 
-# --- probes ---
-async def _probe_rate(listeners: list[int], echo_url: str, count: int) -> tuple[float, float]:
-    from prometheus_client import CollectorRegistry
-
-    from service.health.engine import HealthEngine
-    from service.health.metrics import HealthMetrics
-    from service.health.probe import ProxyProber
-    from service.health.thresholds import Thresholds
-    from service.inventory import Inventory, ProxyEndpoint
-
-    inventory = Inventory()
-    inventory.replace_all(
-        ProxyEndpoint(
-            key=f"b/p{i}",
-            namespace="b",
-            name=f"p{i}",
-            provider="local",
-            host="127.0.0.1",
-            port=listeners[i % len(listeners)],
-            username="user",
-            password="pass",
-        )
-        for i in range(count)
-    )
-    engine = HealthEngine(
-        inventory=inventory,
-        prober=ProxyProber(probe_url=echo_url),
-        thresholds=Thresholds(),
-        concurrency=100,
-        metrics=HealthMetrics(CollectorRegistry(), health=lambda: {}),
-    )
-    started, cpu = time.perf_counter(), time.process_time()
-    await engine.probe_all()
-    probe_rate = count / (time.perf_counter() - started)
-    probe_cpu = count / (time.process_time() - cpu)
-    healthy = len(inventory.healthy_keys())
-    semaphore = asyncio.Semaphore(100)
-
-    async def connect(port: int) -> None:
-        async with semaphore:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            await writer.wait_closed()
-
-    started, cpu = time.perf_counter(), time.process_time()
-    await asyncio.gather(*(connect(listeners[i % len(listeners)]) for i in range(count)))
-    connect_rate = count / (time.perf_counter() - started)
-    connect_cpu = count / (time.process_time() - cpu)
-    print(
-        f"  probes   {probe_rate:8.0f} /s wall ({healthy}/{count} healthy)   {probe_cpu:8.0f} per CPU-second"
-    )
-    print(f"  connects {connect_rate:8.0f} /s wall                      {connect_cpu:8.0f} per CPU-second")
-    print(f"  => per CPU-second of the one prober core: probes / connects = {probe_cpu / connect_cpu:.2f}")
-    return probe_rate / connect_rate
-
-
-def probes() -> float:
-    echo_port = free_port()
-    processes = [subprocess.Popen([PY, __file__, "serve", "echo", str(echo_port)])]
-    listeners = [free_port() for _ in range(4)]
-    for port in listeners:
-        processes.append(
-            subprocess.Popen(
-                [*PPROXY, "-l", f"http://127.0.0.1:{port}#user:pass"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-    try:
-        _wait_listening(echo_port, processes[0], "echo server")
-        for port, process in zip(listeners, processes[1:], strict=True):
-            _wait_listening(port, process, "pproxy")
-        return asyncio.run(_probe_rate(listeners, f"http://127.0.0.1:{echo_port}/v1/echo", 3000))
-    finally:
-        for process in processes:
-            _stop(process)
-
-
 def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
     binary = shutil.which("redis-server")
     if binary is None:
@@ -357,8 +278,6 @@ def _redis() -> tuple[subprocess.Popen[bytes], str] | None:
 
 def main() -> None:
     leases()
-    print("health: 3000 probes through 4 pproxy listeners to the echo route, 100 in flight, one event loop")
-    print(f"  => wall clock (proxies and echo server included): probes / plain TCP connects = {probes():.2f}")
 
 
 if __name__ == "__main__":
