@@ -69,9 +69,14 @@ class ProbeConnection(asyncio.Protocol):
         self._transport.write(data)
 
     async def _more(self) -> None:
+        """Wait for more data; ProbeFailed if the peer has closed already."""
         if self._eof:
             cause = f": {self._lost}" if self._lost is not None else ""
             raise ProbeFailed("proxy_error", f"the proxy closed the connection{cause}")
+        await self._wait()
+
+    async def _wait(self) -> None:
+        """Until data, the peer's end or the connection's loss."""
         self._waiter = self._loop.create_future()
         try:
             await self._waiter
@@ -103,17 +108,10 @@ class ProbeConnection(asyncio.Protocol):
     async def read_to_end(self, limit: int) -> bytes:
         """What arrives until the peer closes, at most `limit` bytes."""
         while not self._eof and len(self._buffer) < limit:
-            await self._more_or_end()
+            await self._wait()
         data = bytes(self._buffer[:limit])
         self._buffer.clear()
         return data
-
-    async def _more_or_end(self) -> None:
-        self._waiter = self._loop.create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
 
     async def start_tls(self, context: ssl.SSLContext, *, server_hostname: str) -> None:
         assert self._transport is not None

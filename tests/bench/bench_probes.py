@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_discovery as discovery  # noqa: E402
 import uvloop  # noqa: E402
+from bench_abuse import _machine_busy  # noqa: E402
 
 from tests.ports import free_port  # noqa: E402
 from tests.pproxy_command import PPROXY  # noqa: E402
@@ -173,7 +174,7 @@ async def _paced(ports: list[int], url: str, others: dict[str, int]) -> None:
     task = asyncio.create_task(engine.run())
     await asyncio.sleep(INTERVAL)  # every proxy's first probe, spread over one interval
     done_before = _probes_done(registry)
-    cpu_before, others_before, machine_before = time.process_time(), _cpu(others), discovery_busy()
+    cpu_before, others_before, machine_before = time.process_time(), _cpu(others), _machine_busy()
     lags.clear()
     began = time.monotonic()
     await asyncio.sleep(PACED_SECONDS)
@@ -181,7 +182,7 @@ async def _paced(ports: list[int], url: str, others: dict[str, int]) -> None:
     done = _probes_done(registry) - done_before
     cpu = time.process_time() - cpu_before
     others_used = {name: used - others_before[name] for name, used in _cpu(others).items()}
-    machine = discovery_busy() - machine_before
+    machine = _machine_busy() - machine_before
     task.cancel()
     lag_task.cancel()
     await asyncio.gather(task, lag_task, return_exceptions=True)
@@ -221,13 +222,6 @@ def _probes_done(registry: Any) -> float:
 
 def _cpu(processes: dict[str, int]) -> dict[str, float]:
     return {name: discovery._server_cpu(pid) for name, pid in processes.items()}
-
-
-def discovery_busy() -> float:
-    """CPU seconds the machine's cores spent on anything but idling (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    idle = fields[3] + fields[4]
-    return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _our_proxy(folder: Path, echo: int) -> tuple[int, subprocess.Popen[bytes]]:

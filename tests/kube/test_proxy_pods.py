@@ -198,7 +198,10 @@ class ClientLoop(threading.Thread):
     controller's inventory): what a client that leases before each request would see during a change.
     Each round also reads the Service's port, so a failure can be told apart: with both the same the proxy
     itself did not serve; with the Service already on the new port and discovery still giving the old one,
-    the client asked for a port that no longer exists (the switch window of a port change)."""
+    the client asked for a port that no longer exists (the switch window of a port change). The Service is
+    read again after a failure: the port can change between the read and the request (CI saw a request
+    refused by the new Service rules with the port read as 8080 a moment before), and a failure counts
+    against the proxy only when the Service held the published port on both sides of it."""
 
     def __init__(self, controller: Controller, objects: ClusterObjects, name: str, url: str) -> None:
         super().__init__(name="client-loop", daemon=True)
@@ -216,15 +219,23 @@ class ClientLoop(threading.Thread):
                 time.sleep(0.05)
                 continue
             port, serving = endpoint.port, service.spec.ports[0].port
+            what = ""
             try:
                 with via(endpoint.username, endpoint.password, service.spec.cluster_ip, port) as client:
                     page = client.get(self.url)
                 if page.status_code == 200 and page.content == BODY:
                     self.ok.append(port)
                 else:
-                    self.failed.append((port, serving, f"{page.status_code} {page.content[:80]!r}"))
+                    what = f"{page.status_code} {page.content[:80]!r}"
             except Exception as exc:  # every failure is counted, none ends the loop
-                self.failed.append((port, serving, f"{type(exc).__name__}: {exc}"))
+                what = f"{type(exc).__name__}: {exc}"
+            if what:
+                after = self.objects.service(self.name)
+                now = after.spec.ports[0].port if after is not None else serving
+                if now != serving:
+                    what += f" (the Service went {serving} -> {now} meanwhile)"
+                # a port that the Service held before the request but not after it counts as the switch
+                self.failed.append((port, now, what))
             time.sleep(0.05)
 
     def in_switch(self) -> list[tuple[int, int, str]]:
