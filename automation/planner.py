@@ -2,11 +2,12 @@
 
 The planner keeps every proxy's hash and the set of proxies per stack, so that a change to one proxy costs
 work proportional to its stack, not to the fleet: `upsert`/`remove` say which stacks got dirty and `plan`
-recomputes only the stack asked for. A proxy that fails validation is left out with its reason; if an
-earlier version of it was valid or applied, that last good version stays -- in the stack where it runs, even
-when the new version names another (unknown) provider -- and the rejection is still reported. Proxies are
-removed only through a deleting record (a declared deletion); `release` never drops a proxy that was
-declared again while its deletion ran.
+recomputes only the stack asked for, and within it only the proxies that changed since its last plan (each
+stack keeps its planned entries and their items of the stack hash). A proxy that fails validation is left
+out with its reason; if an earlier version of it was valid or applied, that last good version stays -- in
+the stack where it runs, even when the new version names another (unknown) provider -- and the rejection is
+still reported. Proxies are removed only through a deleting record (a declared deletion); `release` never
+drops a proxy that was declared again while its deletion ran.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from automation.errors import InvalidInputError, PermanentError, UnknownProviderError
 from stacks.models import PackedProxy, ProviderCatalogue, ProviderEntry, Proxy
 from stacks.models.conditions import Reason
-from stacks.spec_hash import proxy_spec_hash, stack_spec_hash
+from stacks.spec_hash import entry_hash_text, proxy_hash_fragment, proxy_spec_hash, stack_spec_hash_of
 from stacks.validation import FieldProblem, proxy_problems
 
 SKIP_CLEANUP = "crawl.example.com/skip-cleanup"
@@ -78,6 +79,54 @@ class StackPlan:
         return bool(self.proxies or self.deleting or self.forget)
 
 
+class _StackView:
+    """What one stack's last plan was made of, kept so that the next plan redoes only the keys touched
+    since (`stale`): at 100,000 proxies, rebuilding every entry of a 500-proxy stack from the fleet-wide
+    tables cost 2-2.4x what the same rebuild cost at 10,000 (the same calls over a heap ten times larger)."""
+
+    __slots__ = ("entry", "entry_text", "fragments", "items", "leaving", "live", "planned", "slot", "stale")
+
+    def __init__(self) -> None:
+        self.stale: set[str] = set()  # keys whose entry must be worked out again
+        self.live: dict[str, PlannedProxy] = {}  # key -> its planned version (valid or held)
+        self.fragments: dict[str, str] = {}  # key -> its item of the stack hash
+        self.leaving: set[str] = set()  # deleting keys placed here
+        # `live` in key order, as the plan gives it: `slot` maps a key to its place in `planned` and `items`
+        # (its fragment); None after a key came or went, when they are sorted again
+        self.slot: dict[str, int] | None = None
+        self.planned: list[PlannedProxy] = []
+        self.items: list[str] = []
+        self.entry: ProviderEntry | None = None  # the entry `entry_text` was made from
+        self.entry_text = ""
+
+    def ordered(self) -> tuple[list[PlannedProxy], list[str]]:
+        """The planned versions and their hash items in key order (sorted again only after a key came or
+        went; a changed key's new version takes its old place)."""
+        if self.slot is None:
+            order = sorted(self.live)
+            self.slot = {key: i for i, key in enumerate(order)}
+            self.planned = [self.live[key] for key in order]
+            self.items = [self.fragments[key] for key in order]
+        return self.planned, self.items
+
+    def put(self, key: str, planned: PlannedProxy | None) -> None:
+        """Set (or, with None, drop) the planned version of `key`."""
+        had = key in self.live
+        if planned is None:
+            self.live.pop(key, None)
+            self.fragments.pop(key, None)
+            if had:
+                self.slot = None
+            return
+        fragment = proxy_hash_fragment(key, planned.spec_hash)
+        self.live[key], self.fragments[key] = planned, fragment
+        if not had:
+            self.slot = None
+        elif self.slot is not None:
+            at = self.slot[key]
+            self.planned[at], self.items[at] = planned, fragment
+
+
 @dataclass
 class Planner:
     catalogue: ProviderCatalogue = field(default_factory=ProviderCatalogue)
@@ -89,6 +138,7 @@ class Planner:
     _by_stack: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     _by_flat_name: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     rejected: dict[str, PermanentError] = field(default_factory=dict)
+    _views: dict[str, _StackView] = field(default_factory=dict)
 
     # --- changes ----------------------------------------------------------------------------------------
 
@@ -134,6 +184,7 @@ class Planner:
         stack = self._home.pop(key, None)
         if stack is not None:
             self._by_stack[stack].discard(key)
+            self._touch(key, stack)
         if proxy is None:
             return set()
         return ({stack} if stack else set()) | self._regroup(proxy.flat_name, key)
@@ -188,25 +239,22 @@ class Planner:
 
     def plan(self, name: str) -> StackPlan:
         entry = self.catalogue.get(name)
-        live: list[PlannedProxy] = []
+        view = self._refreshed(name)
+        planned, items = view.ordered()
         deleting: list[Proxy] = []
         forget: list[Proxy] = []
-        for key in sorted(self._by_stack.get(name, ())):
-            packed = self._proxies[key]
-            if packed.deleting:
-                proxy = packed.proxy
-                (forget if wants_skip_cleanup(proxy) else deleting).append(proxy)
-                continue
-            planned = self._usable(packed)
-            if planned is not None:
-                live.append(planned)
+        for key in sorted(view.leaving):
+            proxy = self._proxies[key].proxy  # decoded for each plan: a caller may keep and change it
+            (forget if wants_skip_cleanup(proxy) else deleting).append(proxy)
         spec_hash = ""
         if entry is not None:
-            spec_hash = stack_spec_hash(entry, {p.key: p.spec_hash for p in live})
+            if view.entry is not entry:
+                view.entry, view.entry_text = entry, entry_hash_text(entry)
+            spec_hash = stack_spec_hash_of(view.entry_text, items)
         return StackPlan(
             name=name,
             entry=entry,
-            proxies=tuple(live),
+            proxies=tuple(planned),
             deleting=tuple(deleting),
             forget=tuple(forget),
             spec_hash=spec_hash,
@@ -216,6 +264,34 @@ class Planner:
         return {name: self.plan(name) for name in sorted(self.stacks())}
 
     # --- internals --------------------------------------------------------------------------------------
+
+    def _touch(self, key: str, *stacks: str | None) -> None:
+        """`key`'s entry in these stacks' views must be worked out again at their next plan."""
+        for name in stacks:
+            if name:
+                self._views.setdefault(name, _StackView()).stale.add(key)
+
+    def _refreshed(self, name: str) -> _StackView:
+        """The stack's view with every touched key worked out again (every key, for a stack not yet seen)."""
+        view = self._views.get(name)
+        if view is None:
+            view = self._views[name] = _StackView()
+            view.stale.update(self._by_stack.get(name, ()))
+        if not view.stale:
+            return view
+        members = self._by_stack.get(name, set())
+        for key in view.stale:
+            view.leaving.discard(key)
+            planned = None
+            if key in members:
+                packed = self._proxies[key]
+                if packed.deleting:
+                    view.leaving.add(key)
+                else:
+                    planned = self._usable(packed)
+            view.put(key, planned)
+        view.stale.clear()
+        return view
 
     def _usable(self, proxy: PackedProxy) -> PlannedProxy | None:
         error = self.rejected.get(proxy.key)
@@ -231,6 +307,7 @@ class Planner:
         self._validate(proxy if proxy is not None else self._proxies[key].proxy)
         old = self._home.get(key)
         new = self._placement(key)
+        self._touch(key, old, new)
         if old == new:
             return {new} if new else set()
         if old is not None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from stacks.models import ProviderEntry, Proxy
@@ -45,9 +45,25 @@ def proxy_spec_hash(proxy: Proxy) -> str:
 
 
 def stack_spec_hash(entry: ProviderEntry, proxy_hashes: Mapping[str, str]) -> str:
-    """The catalogue entry plus every proxy's hash keyed by `ns/name`, in key order."""
-    document = {
-        "provider": entry.model_dump(by_alias=True, mode="json"),
-        "proxies": [[key, proxy_hashes[key]] for key in sorted(proxy_hashes)],
-    }
-    return sha256_hex(document)
+    """The catalogue entry plus every proxy's hash keyed by `ns/name`, in key order: SHA-256 of the
+    canonical JSON of `{"provider": entry, "proxies": [[key, hash], ...]}`."""
+    fragments = (proxy_hash_fragment(key, proxy_hashes[key]) for key in sorted(proxy_hashes))
+    return stack_spec_hash_of(entry_hash_text(entry), fragments)
+
+
+def entry_hash_text(entry: ProviderEntry) -> str:
+    """The catalogue entry's part of a stack's hash document."""
+    return canonical_json(entry.model_dump(by_alias=True, mode="json"))
+
+
+def proxy_hash_fragment(key: str, proxy_hash: str) -> str:
+    """One proxy's item of a stack's hash document, `["ns/name","<hash>"]`: the planner keeps these per
+    stack, so that re-hashing a stack after one change encodes only that proxy's item."""
+    return canonical_json([key, proxy_hash])
+
+
+def stack_spec_hash_of(entry_text: str, fragments: Iterable[str]) -> str:
+    """The stack hash from its parts, in key order: the same text `canonical_json` gives for the whole
+    document ("provider" sorts before "proxies"; items joined by "," as its separators say)."""
+    text = '{"provider":' + entry_text + ',"proxies":[' + ",".join(fragments) + "]}"
+    return hashlib.sha256(text.encode()).hexdigest()

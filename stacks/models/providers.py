@@ -6,7 +6,7 @@ import re
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from stacks.models.wire import DEFAULT_KVM_BASE_IMAGE, Dns1123Label, WireModel, ip_address_text
 
@@ -141,6 +141,7 @@ ProviderEntry = Annotated[
 
 class ProviderCatalogue(WireModel):
     providers: list[ProviderEntry] = Field(default_factory=list)
+    _index: tuple[list[ProviderEntry], dict[str, ProviderEntry]] | None = PrivateAttr(default=None)
 
     @field_validator("providers")
     @classmethod
@@ -151,7 +152,13 @@ class ProviderCatalogue(WireModel):
         return value
 
     def get(self, name: str) -> ProviderEntry | None:
-        return next((entry for entry in self.providers if entry.name == name), None)
+        """The entry named `name` (an index built at first use: the planner asks once per change, and a
+        catalogue of 200 entries scanned each time made a change at scale cost more than the same change
+        in a small fleet)."""
+        indexed = self._index
+        if indexed is None or indexed[0] is not self.providers or len(indexed[1]) != len(self.providers):
+            indexed = self._index = (self.providers, {entry.name: entry for entry in self.providers})
+        return indexed[1].get(name)
 
     def names(self) -> list[str]:
         return [entry.name for entry in self.providers]

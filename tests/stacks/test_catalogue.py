@@ -97,3 +97,15 @@ def test_broken_yaml_is_a_problem_not_an_exception(tmp_path: Path) -> None:
     found = load_manifests(tmp_path)
     assert len(found.problems) == 1
     assert "not valid YAML" in found.problems[0].message
+
+
+def test_get_finds_every_entry_by_name_and_follows_a_replaced_list() -> None:
+    """`get` answers from an index built at first use; a catalogue given a new list answers from that."""
+    catalogue = ProviderCatalogue.model_validate(
+        {"providers": [{"name": f"site-{i}", "type": "local"} for i in range(50)]}
+    )
+    assert [catalogue.get(f"site-{i}").name for i in range(50)] == [f"site-{i}" for i in range(50)]
+    assert catalogue.get("site-50") is None
+    catalogue.providers = catalogue.providers[:10]
+    assert catalogue.get("site-20") is None
+    assert catalogue.get("site-9") is not None

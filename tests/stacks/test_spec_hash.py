@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from hypothesis import given
+from hypothesis import strategies as st
+
 from stacks.models import LocalProvider, Proxy
-from stacks.spec_hash import proxy_spec_hash, stack_spec_hash
+from stacks.spec_hash import proxy_spec_hash, sha256_hex, stack_spec_hash
 
 
 def make(spec: dict[str, Any] | None = None, **metadata: Any) -> Proxy:
@@ -78,3 +81,20 @@ def test_stack_hash_combines_proxies_and_catalogue_entry() -> None:
         stack_spec_hash(LocalProvider(type="local", name="local", bind_address="127.0.0.2"), hashes) != base
     )
     assert stack_spec_hash(LocalProvider(type="local", name="local", drift_policy="detect"), hashes) == base
+
+
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=12), st.text(alphabet="0123456789abcdef", max_size=64)),
+    st.sampled_from(["127.0.0.1", "::1"]),
+)
+def test_the_stack_hash_from_its_parts_is_the_hash_of_the_whole_document(
+    hashes: dict[str, str], bind: str
+) -> None:
+    """The planner hashes a stack from per-proxy items it keeps; the hash must stay the one every stack
+    applied before (SHA-256 of the canonical JSON document), or an upgrade would run every stack's `up`."""
+    entry = LocalProvider(type="local", name="local", bind_address=bind)
+    document = {
+        "provider": entry.model_dump(by_alias=True, mode="json"),
+        "proxies": [[key, hashes[key]] for key in sorted(hashes)],
+    }
+    assert stack_spec_hash(entry, hashes) == sha256_hex(document)
