@@ -20,7 +20,10 @@ class HealthState(StrEnum):
     unhealthy = "unhealthy"
 
 
-@dataclass(frozen=True)
+NO_LABELS: Mapping[str, str] = MappingProxyType({})  # one shared value for the many proxies with no labels
+
+
+@dataclass(frozen=True, slots=True)
 class ProxyEndpoint:
     """One proxy as discovery serves it. `host`/`port` are None until the stack publishes an address."""
 
@@ -29,7 +32,7 @@ class ProxyEndpoint:
     name: str
     provider: str
     pool: str | None = None
-    labels: Mapping[str, str] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=lambda: NO_LABELS)
     protocol: str = "http"
     host: str | None = None
     port: int | None = None
@@ -47,7 +50,7 @@ class ProxyEndpoint:
         return bool(self.host) and self.port is not None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Health:
     """What the health engine last concluded about one proxy."""
 

@@ -9,13 +9,14 @@ discovery and the health engine read, and the release of a deleted proxy back to
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
 from automation.engine import OperationResult, PreviewStep
 from automation.planner import Planner, StackPlan
 from automation.queue_state import QueueState, StackQueueState
-from service.inventory import Inventory, ProxyEndpoint
+from service.inventory import NO_LABELS, Inventory, ProxyEndpoint
 from service.sources.contract import Hold, Source, SourceChange
 from service.status import StatusBoard
 from stacks.forward_proxy.channel import TCP_SCHEME
@@ -269,19 +270,22 @@ def endpoint_of(
     """The inventory's endpoint of a proxy from where it serves (`out`: host, port, protocol) and its
     credentials."""
     control = out.get("control")
+    labels = proxy.metadata.labels
+    # The values that repeat across the fleet (namespace, provider, protocol, stack, a shared host) are
+    # interned and no labels is one shared mapping: 10,000 endpoints then hold one copy of each.
     return ProxyEndpoint(
         key=proxy.key,
-        namespace=proxy.metadata.namespace,
+        namespace=sys.intern(proxy.metadata.namespace),
         name=proxy.metadata.name,
-        provider=proxy.spec.provider,
+        provider=sys.intern(proxy.spec.provider),
         pool=proxy.spec.pool,
-        labels=dict(proxy.metadata.labels),
-        protocol=str(out.get("protocol") or proxy.spec.protocol),
-        host=str(out["host"]),
+        labels=dict(labels) if labels else NO_LABELS,
+        protocol=sys.intern(str(out.get("protocol") or proxy.spec.protocol)),
+        host=sys.intern(str(out["host"])),
         port=int(out["port"]),
         username=creds.get("username"),
         password=creds.get("password"),
-        stack=stack,
+        stack=sys.intern(stack) if stack is not None else None,
         control=control,  # where lease users are pushed (docs/security.md)
         instance_id=str(out["instanceId"]) if out.get("instanceId") else None,
         # The local program exports the key on every endpoint (a socket path, None without credentials);
