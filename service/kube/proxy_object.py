@@ -64,7 +64,7 @@ class ProxyObject:
         status: Obj,
         bare: bool = False,  # carries no finalizer at all (ours is added without reading it again)
     ) -> None:
-        self.namespace, self.name, self.uid = namespace, name, uid
+        self.namespace, self.name, self.uid = sys.intern(namespace), name, uid  # namespaces repeat
         self.generation, self.resource_version = generation, resource_version
         self.deleting, self.finalized, self.bare = deleting, finalized, bare
         self._body = _pack(body)
