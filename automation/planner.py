@@ -36,11 +36,19 @@ class PlannedProxy:
     """A proxy as a stack should hold it, with its spec hash. Kept packed (see stacks/models/packed.py):
     `proxy` decodes a fresh model on each access."""
 
-    __slots__ = ("packed", "spec_hash")
+    __slots__ = ("_fragment", "packed", "spec_hash")
 
     def __init__(self, proxy: Proxy | PackedProxy, spec_hash: str) -> None:
         self.packed = proxy if isinstance(proxy, PackedProxy) else PackedProxy(proxy)
         self.spec_hash = spec_hash
+        self._fragment: str | None = None
+
+    @property
+    def fragment(self) -> str:
+        """Its item of its stack's hash document (made once: a stack is hashed again after each change)."""
+        if self._fragment is None:
+            self._fragment = proxy_hash_fragment(self.packed.key, self.spec_hash)
+        return self._fragment
 
     @property
     def proxy(self) -> Proxy:
@@ -84,47 +92,33 @@ class _StackView:
     since (`stale`): at 100,000 proxies, rebuilding every entry of a 500-proxy stack from the fleet-wide
     tables cost 2-2.4x what the same rebuild cost at 10,000 (the same calls over a heap ten times larger)."""
 
-    __slots__ = ("entry", "entry_text", "fragments", "items", "leaving", "live", "planned", "slot", "stale")
+    __slots__ = ("entry", "entry_text", "in_order", "leaving", "live", "stale")
 
     def __init__(self) -> None:
         self.stale: set[str] = set()  # keys whose entry must be worked out again
-        self.live: dict[str, PlannedProxy] = {}  # key -> its planned version (valid or held)
-        self.fragments: dict[str, str] = {}  # key -> its item of the stack hash
+        # key -> its planned version (valid or held), in key order while `in_order`: a changed key keeps its
+        # place in the dict, a new one goes last until the next plan sorts them again
+        self.live: dict[str, PlannedProxy] = {}
+        self.in_order = True
         self.leaving: set[str] = set()  # deleting keys placed here
-        # `live` in key order, as the plan gives it: `slot` maps a key to its place in `planned` and `items`
-        # (its fragment); None after a key came or went, when they are sorted again
-        self.slot: dict[str, int] | None = None
-        self.planned: list[PlannedProxy] = []
-        self.items: list[str] = []
         self.entry: ProviderEntry | None = None  # the entry `entry_text` was made from
         self.entry_text = ""
 
-    def ordered(self) -> tuple[list[PlannedProxy], list[str]]:
-        """The planned versions and their hash items in key order (sorted again only after a key came or
-        went; a changed key's new version takes its old place)."""
-        if self.slot is None:
-            order = sorted(self.live)
-            self.slot = {key: i for i, key in enumerate(order)}
-            self.planned = [self.live[key] for key in order]
-            self.items = [self.fragments[key] for key in order]
-        return self.planned, self.items
+    def ordered(self) -> dict[str, PlannedProxy]:
+        """`live` in key order (sorted again only after a key came)."""
+        if not self.in_order:
+            self.live = dict(sorted(self.live.items()))
+            self.in_order = True
+        return self.live
 
     def put(self, key: str, planned: PlannedProxy | None) -> None:
         """Set (or, with None, drop) the planned version of `key`."""
-        had = key in self.live
         if planned is None:
             self.live.pop(key, None)
-            self.fragments.pop(key, None)
-            if had:
-                self.slot = None
             return
-        fragment = proxy_hash_fragment(key, planned.spec_hash)
-        self.live[key], self.fragments[key] = planned, fragment
-        if not had:
-            self.slot = None
-        elif self.slot is not None:
-            at = self.slot[key]
-            self.planned[at], self.items[at] = planned, fragment
+        if key not in self.live:
+            self.in_order = False
+        self.live[key] = planned
 
 
 @dataclass
@@ -240,7 +234,7 @@ class Planner:
     def plan(self, name: str) -> StackPlan:
         entry = self.catalogue.get(name)
         view = self._refreshed(name)
-        planned, items = view.ordered()
+        live = view.ordered()
         deleting: list[Proxy] = []
         forget: list[Proxy] = []
         for key in sorted(view.leaving):
@@ -250,11 +244,11 @@ class Planner:
         if entry is not None:
             if view.entry is not entry:
                 view.entry, view.entry_text = entry, entry_hash_text(entry)
-            spec_hash = stack_spec_hash_of(view.entry_text, items)
+            spec_hash = stack_spec_hash_of(view.entry_text, [planned.fragment for planned in live.values()])
         return StackPlan(
             name=name,
             entry=entry,
-            proxies=tuple(planned),
+            proxies=tuple(live.values()),
             deleting=tuple(deleting),
             forget=tuple(forget),
             spec_hash=spec_hash,
@@ -296,6 +290,9 @@ class Planner:
     def _usable(self, proxy: PackedProxy) -> PlannedProxy | None:
         error = self.rejected.get(proxy.key)
         if error is None:
+            good = self._last_good.get(proxy.key)  # made by its validation from this very version
+            if good is not None and good.packed is proxy:
+                return good
             return PlannedProxy(proxy=proxy, spec_hash=self._hashes[proxy.key])
         if error.reason == Reason.NAME_COLLISION:
             return None  # never applied (an applied proxy is never refused for this): nothing to hold
