@@ -116,6 +116,7 @@ class _StackView:
         if planned is None:
             self.live.pop(key, None)
             return
+        planned.fragment  # noqa: B018  # made now, beside the entry: read at every plan of the stack
         if key not in self.live:
             self.in_order = False
         self.live[key] = planned
@@ -290,9 +291,8 @@ class Planner:
     def _usable(self, proxy: PackedProxy) -> PlannedProxy | None:
         error = self.rejected.get(proxy.key)
         if error is None:
-            good = self._last_good.get(proxy.key)  # made by its validation from this very version
-            if good is not None and good.packed is proxy:
-                return good
+            # A new object, not the last good one its validation made: made as its stack is planned, next
+            # to its stack's others, so a plan reads one stack's entries from memory close together.
             return PlannedProxy(proxy=proxy, spec_hash=self._hashes[proxy.key])
         if error.reason == Reason.NAME_COLLISION:
             return None  # never applied (an applied proxy is never refused for this): nothing to hold
