@@ -261,10 +261,12 @@ class Planner:
     # --- internals --------------------------------------------------------------------------------------
 
     def _touch(self, key: str, *stacks: str | None) -> None:
-        """`key`'s entry in these stacks' views must be worked out again at their next plan."""
+        """`key`'s entry in these stacks' views must be worked out again at their next plan. A stack with no
+        view yet needs no mark: its first plan works out every key placed in it."""
         for name in stacks:
-            if name:
-                self._views.setdefault(name, _StackView()).stale.add(key)
+            view = self._views.get(name) if name else None
+            if view is not None:
+                view.stale.add(key)
 
     def _refreshed(self, name: str) -> _StackView:
         """The stack's view with every touched key worked out again (every key, for a stack not yet seen)."""

@@ -109,3 +109,7 @@ def test_get_finds_every_entry_by_name_and_follows_a_replaced_list() -> None:
     catalogue.providers = catalogue.providers[:10]
     assert catalogue.get("site-20") is None
     assert catalogue.get("site-9") is not None
+    renamed = [entry.model_copy(update={"name": f"other-{i}"}) for i, entry in enumerate(catalogue.providers)]
+    catalogue.providers = renamed  # as many entries as before: only the list's identity tells
+    assert catalogue.get("site-9") is None
+    assert catalogue.get("other-9") is not None
