@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
 from automation.deletion_budget import DeletionBudget, HeldDeletion
@@ -27,7 +27,7 @@ from service.config import OperatorSettings
 from service.deletions import Allowances, DeletionGate
 from service.inventory import Inventory, ProxyEndpoint
 from service.reporter import Reporter
-from service.sources.contract import Hold, Source
+from service.sources.contract import Hold, Lane, SlicedSource, Source
 from service.status import StatusBoard
 from stacks.models import Proxy
 from stacks.models.conditions import Reason
@@ -35,6 +35,7 @@ from stacks.models.conditions import Reason
 log = logging.getLogger(__name__)
 
 REREAD_SECONDS = 30.0  # a stack whose read failed for good is read again this often
+SLICE = 100  # Proxies judged between two turns of the event loop (about 10-50 ms of work)
 
 
 class Controller:
@@ -123,24 +124,63 @@ class Controller:
     # --- driving ----------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """First load: the source (for the catalogue that ownership is judged by), what the backend applied,
+        """First load: the catalogue (ownership is judged by it); the stacks with a real change, read and run
+        ahead of the rest (`_lane`); what the backend applied, read while the fleet is judged in slices;
         the source again (absence judged against what runs); every known stack is submitted once."""
         began = self._monotonic()
         # The list of stacks needs no input: its CLI call runs while the first sync judges the fleet.
         listing = asyncio.get_running_loop().run_in_executor(None, self.engine.list_stack_names)
-        try:
-            self.sync()
-        except BaseException:
-            listing.cancel()  # its answer is not wanted: this pass is tried again whole
-            raise
-        await self._load_backend(listing)
-        self.sync()
+        if not isinstance(self.source, SlicedSource):
+            try:
+                self.sync()
+            except BaseException:
+                listing.cancel()  # its answer is not wanted: this pass is tried again whole
+                raise
+            await self._load_backend(listing)
+        else:
+            reading: asyncio.Task[None] | None = None
+            try:
+                self.sync(only=(), submit=False)  # the catalogue alone
+                reading = asyncio.create_task(self._read_backend(listing, self._lane()), name="backend-read")
+                await self._sync_slices(submit=False)
+                await reading
+            except BaseException:
+                listing.cancel()
+                if reading is not None:
+                    reading.cancel()
+                    await asyncio.gather(reading, return_exceptions=True)
+                raise
+        await self._sync_slices()
         await self._submit_known_stacks()
         self.started = True
         if self._backend_seen:
             log.info(
                 "first pass done in %.1f s: every stack read, changes run now", self._monotonic() - began
             )
+
+    def _lane(self) -> Lane | None:
+        """The few Proxies with a real change, and their stacks' others, judged now (see Lane)."""
+        assert isinstance(self.source, SlicedSource)
+        lane = self.source.lane()
+        if lane is not None:
+            self.sync(only=lane.keys, submit=False)
+        return lane
+
+    async def _read_backend(self, listing: Awaitable[list[str]], lane: Lane | None) -> None:
+        """The lane's stacks first: each one read runs at once (its Proxies are all judged); then every
+        stack, as `_load_backend` says."""
+        if lane is not None:
+            names = sorted(name for name in lane.stacks if name not in self._foreign)
+            if await self._read_stacks(names):
+                for name in names:
+                    if name not in self._foreign and name not in self._unread:
+                        log.info(
+                            "stack %s has a change: run before the rest is taken in",
+                            name,
+                            extra={"fields": {"stack": name}},
+                        )
+                        self.queue.submit(name, generation_hint=self._hint(name))
+        await self._load_backend(listing)
 
     async def _load_backend(self, listing: Awaitable[list[str]] | None = None) -> None:
         """Read every stack's ownership and applied proxies, `max_parallel` stacks at a time; the source
@@ -239,9 +279,32 @@ class Controller:
         for name in sorted(self.planner.stacks()):
             self.queue.submit(name, generation_hint=self._hint(name))
 
-    def sync(self) -> set[str]:
-        """Poll the source once; feed the planner; submit what changed. Returns the dirty stacks."""
-        change = self.source.poll()
+    def sync(self, *, only: Collection[str] | None = None, submit: bool = True) -> set[str]:
+        """Poll the source once; feed the planner; submit what changed. Returns the dirty stacks. With
+        `only`, a sliced source judges those keys alone (the rest wait for a later poll)."""
+        return self._sync(only=only, limit=None, submit=submit)[0]
+
+    async def _sync_slices(self, *, submit: bool = True) -> set[str]:
+        """Poll until the source has judged every change, SLICE Proxies at a time, the event loop served
+        between slices (a new term takes in 10,000); the stacks are submitted once, at the end."""
+        if not isinstance(self.source, SlicedSource):
+            return self.sync(submit=submit)
+        dirty, more = self._sync(only=None, limit=SLICE, submit=False)
+        while more:
+            await asyncio.sleep(0)
+            changed, more = self._sync(only=None, limit=SLICE, submit=False)
+            dirty |= changed
+        if submit:
+            self._submit(dirty)
+        return dirty
+
+    def _sync(
+        self, *, only: Collection[str] | None, limit: int | None, submit: bool
+    ) -> tuple[set[str], bool]:
+        if isinstance(self.source, SlicedSource) and (only is not None or limit is not None):
+            change, more = self.source.poll_some(limit=limit, only=only)
+        else:
+            change, more = self.source.poll(), False
         dirty: set[str] = set()
         if change.catalogue is not None:
             dirty |= self.planner.set_catalogue(change.catalogue)
@@ -253,16 +316,20 @@ class Controller:
         dirty |= self._apply_deletions(change.deletions)
         dirty |= self._requested_runs(change.requested)
         for packed in upserts:
-            self.reporter.report_validity(packed.key, deleting=packed.deleting)
+            self.reporter.report_validity(packed.key, deleting=packed.deleting, generation=packed.generation)
         if change.catalogue is not None or change.upserts or change.deletions or change.held or change.reread:
             self.reporter.report_source_holds(change)  # reread: a file restored unchanged ends its hold
-        if self._backend_seen and self.source.catalogue is not None:
-            for name in sorted(dirty):
-                self.queue.submit(name, generation_hint=self._hint(name))
+        if submit:
+            self._submit(dirty)
         if not change.empty:
             self.inventory.mark_loaded()
         self._wake_for_gate()
-        return dirty
+        return dirty, more
+
+    def _submit(self, dirty: set[str]) -> None:
+        if self._backend_seen and self.source.catalogue is not None:
+            for name in sorted(dirty):
+                self.queue.submit(name, generation_hint=self._hint(name))
 
     def _wake_for_gate(self) -> None:
         """Poll again when the deletion gate's quiet point comes (not at the next tick only)."""
@@ -304,7 +371,7 @@ class Controller:
             await self.start()  # the backend (or the folder) was not usable yet
             return
         await self._reread()
-        self.sync()
+        await self._sync_slices()
 
     async def _pass(self, step: Callable[[], Any]) -> None:
         try:

@@ -214,7 +214,9 @@ class Reporter:
                 self._unhold(key)
         self._source_holds = dict(change.held)
 
-    def report_validity(self, key: str, *, deleting: bool) -> None:
+    def report_validity(self, key: str, *, deleting: bool, generation: int | None = None) -> None:
+        """Say whether the proxy as declared (its `generation`) can be planned: refused and never applied,
+        its status describes that generation (observedGeneration: a new leader need not take it in first)."""
         if self.source.catalogue is None:
             why = "no provider catalogue in the manifests: nothing is reconciled until there is one"
             self._hold_or_fail(key, Hold(Reason.MANIFEST_UNREADABLE, why))
@@ -238,6 +240,8 @@ class Reporter:
             self._hold_or_fail(key, Hold(error.reason, error.message))
             return
         self._not_provisioned(key, reason=error.reason, message=error.message)
+        if generation is not None:
+            self.status.observe(key, generation=generation)
         # Its input is wrong: nothing retries until it changes (Stalled), and the reason says what to fix.
         self.status.set_condition(
             key, type_=ConditionType.STALLED, true=True, reason=error.reason, message=error.message

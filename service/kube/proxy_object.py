@@ -139,8 +139,9 @@ def slim_proxy(obj: Obj) -> Obj:
 
 def _slim_status(status: Obj) -> Obj:
     """What a follower serves from and a new leader continues from: where it serves, its stack and egress
-    address, and the Healthy condition (the rest is the leader's own, in its board)."""
-    kept: Obj = {k: status[k] for k in ("address", "stack", "egressIP") if k in status}
+    address, the generation its status describes (a new leader takes the changed ones in first), and the
+    Healthy condition (the rest is the leader's own, in its board)."""
+    kept: Obj = {k: status[k] for k in ("address", "stack", "egressIP", "observedGeneration") if k in status}
     healthy = [c for c in status.get("conditions") or [] if c.get("type") == ConditionType.HEALTHY]
     if healthy:
         kept["conditions"] = healthy

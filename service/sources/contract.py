@@ -17,9 +17,9 @@ their last applied version.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, overload
+from typing import Protocol, overload, runtime_checkable
 
 from stacks.models import PackedProxy, ProviderCatalogue, Proxy
 from stacks.problems import Problem
@@ -110,6 +110,26 @@ class SourceChange:
             and not self.held
             and not self.requested
         )
+
+
+@dataclass(frozen=True)
+class Lane:
+    """What a new term takes in ahead of the rest: `stacks` with a real change and `keys`, every Proxy those
+    stacks hold or receive (see KubernetesSource.lane)."""
+
+    stacks: frozenset[str]
+    keys: frozenset[str]
+
+
+@runtime_checkable
+class SlicedSource(Protocol):
+    """A source the control loop can judge in slices, and whose real changes it can take in first."""
+
+    def poll_some(
+        self, *, limit: int | None = None, only: Collection[str] | None = None
+    ) -> tuple[SourceChange, bool]: ...
+
+    def lane(self) -> Lane | None: ...
 
 
 class Source(Protocol):

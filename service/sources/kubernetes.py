@@ -23,7 +23,8 @@ contract as the directory source:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, datetime
 
 import yaml
@@ -43,13 +44,15 @@ from service.kube.proxy_object import (
 )
 from service.kube.settings import KubeSettings
 from service.kube.watch import Watcher
-from service.sources.contract import Hold, SourceChange
+from service.sources.contract import Hold, Lane, SourceChange
 from stacks.catalogue import CatalogueFormatError, parse_catalogue
 from stacks.models import PackedProxy, ProviderCatalogue, Proxy
 from stacks.models.conditions import Reason
 from stacks.problems import Problem
 
 log = logging.getLogger(__name__)
+
+LANE_MOST = 64  # changed Proxies a new term takes in first; with more (a first intake) there is no lane
 
 __all__ = [
     "CREDENTIALS_LABEL",
@@ -145,12 +148,28 @@ class KubernetesSource:
         return self._catalogue
 
     def poll(self) -> SourceChange:
+        return self.poll_some()[0]
+
+    def poll_some(
+        self, *, limit: int | None = None, only: Collection[str] | None = None
+    ) -> tuple[SourceChange, bool]:
+        """`poll`, judging at most `limit` of the changed Proxies (and of those only the keys in `only`); the
+        rest stay marked for the next call, as if their events came later. Returns the change and whether
+        some are left. The control loop judges 10,000 in slices so that its event loop keeps serving."""
         change = SourceChange()
         if not self.desired_state_synced():
             change.complete = False
-            return change
+            return change, False
         marks = self.cache.take()
         dirty, objects = marks.dirty, marks.objects
+        if only is not None or (limit is not None and len(dirty) > limit):
+            chosen = sorted(dirty if only is None else dirty & set(only))[:limit]
+            left = dirty.difference(chosen)
+            if left:
+                self.cache.mark(left)  # judged at a later call
+            dirty = set(chosen)
+        else:
+            left = set()
         if marks.catalogue_dirty or not self._catalogue_seen:
             self._take_catalogue(change)
         for key in sorted(dirty):
@@ -171,7 +190,42 @@ class KubernetesSource:
         for key in set(self._holds) - set(change.held) - dirty:
             change.held.setdefault(key, self._holds[key])  # still held: the loop reports the set each time
         self.problems = change.problems or self.problems
-        return change
+        return change, bool(left)
+
+    def lane(self, *, most: int = LANE_MOST) -> Lane | None:
+        """The Proxies a new term takes in ahead of the rest: the few with a real change (a generation that
+        their status does not describe yet), and every Proxy of the stacks those go to, so that those
+        stacks can run once they are read, before the bulk is judged. None when there is no catalogue, no
+        such change, or more than `most` of them (a first intake: no lane). A changed Proxy whose flat name
+        another object shares is left to the bulk (which of the two keeps the name needs the whole fleet
+        and the backend's record of which is applied)."""
+        catalogue = self._catalogue
+        if catalogue is None:
+            return None
+        objects = self.cache.objects()
+        changed = [
+            obj
+            for obj in objects
+            if not obj.deleting and obj.status.get("observedGeneration") != obj.generation
+        ]
+        if not changed or len(changed) > most:
+            return None
+        flat_names = Counter(obj.key.replace("/", "-", 1) for obj in objects)
+        stacks: set[str] = set()
+        keys: set[str] = set()
+        for obj in changed:
+            provider = (obj.body.get("spec") or {}).get("provider")
+            if not isinstance(provider, str) or catalogue.get(provider) is None:
+                continue
+            if flat_names[obj.key.replace("/", "-", 1)] > 1:
+                continue
+            stacks.add(provider)
+            keys.add(obj.key)
+        if not stacks:
+            return None
+        # The stacks' other Proxies: unchanged ones say where they run (their status's stack).
+        keys |= {obj.key for obj in objects if obj.status.get("stack") in stacks}
+        return Lane(stacks=frozenset(stacks), keys=frozenset(keys))
 
     def track(self, proxies: Iterable[Proxy]) -> None:
         for proxy in proxies:

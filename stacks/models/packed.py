@@ -15,7 +15,7 @@ __all__ = ["PackedProxy"]
 
 
 class PackedProxy:
-    __slots__ = ("_text", "deleting", "key", "provider")
+    __slots__ = ("_text", "deleting", "generation", "key", "provider")
 
     def __init__(self, proxy: Proxy) -> None:
         # exclude_unset: the text is what was declared, so the model validated back is equal to this one
@@ -23,6 +23,7 @@ class PackedProxy:
         self.key = proxy.key
         self.provider = proxy.spec.provider
         self.deleting = proxy.metadata.deletion_timestamp is not None
+        self.generation = proxy.metadata.generation  # what a status describing this version observes
 
     @property
     def proxy(self) -> Proxy:

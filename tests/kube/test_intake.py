@@ -1,8 +1,9 @@
 """A new leader taking the fleet in (issue 20's intake), against the real apiserver and the real engine:
 it writes nothing to a Proxy that is already right, and it still acts on no stack it could not read.
 
-The replicas are the real service (tests/kube/cluster_fleet.py). How a change made during the intake goes
-ahead of it is tested at the status writer (tests/kube/test_status_writer.py), where the order is etcd's.
+The replicas are the real service (tests/kube/cluster_fleet.py). A change made during the handover runs
+before the rest is taken in (below); its status writes go ahead of the bulk's at the status writer
+(tests/kube/test_status_writer.py), where the order is etcd's.
 """
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def test_a_new_leader_writes_nothing_to_proxies_already_right(fleet: ClusterFlee
             assert await stays(lambda: versions(fleet) == before, seconds=3), "a Proxy was written"
             writer = second.mode.status_writer
             assert (writer.reads, writer.writes) == (0, 0), "statuses read again or rewritten"
+            # Their statuses describe their generation (refused ones too): nothing to take in first.
+            assert second.mode.source.lane() is None
         finally:
             await fleet.stop_all()
 
@@ -152,3 +155,51 @@ def unreadable(backend: Path, stack: str) -> tuple[Path, str]:
                 proxy["spec"]["port"] = "not a port"
     checkpoint.write_text(json.dumps(doc))
     return checkpoint, saved
+
+
+@pytest.mark.engine
+def test_a_change_made_during_the_handover_runs_before_the_rest_is_taken_in(
+    fleet: ClusterFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new leader judges the fleet in slices, and first the few Proxies whose status does not describe
+    their generation yet, with the other Proxies of their stacks (the lane): their stack is read and runs
+    while the rest is judged. Here the bulk's judging is held until the edited Proxy's `up` has started:
+    before, that `up` waited for the whole first pass, so the test never got there."""
+    from service.controller import Controller
+
+    fleet.set_catalogue(["a"])
+    port, moved = free_port(), free_port()
+    fleet.create("pa", port=port, provider="a")
+    for i in range(20):
+        fleet.create(f"u{i:03d}", port=20000 + i, provider="elsewhere")
+
+    async def scenario() -> None:
+        first = await fleet.start("replica-a")
+        try:
+            await until(lambda: ready_at(fleet, "pa", port), what="pa Ready", within=180)
+            await until(lambda: settled(first), what="the first leader settles")
+            await first.stop()
+            fleet.edit("pa", {"spec": {"port": moved}})  # during the handover: no leader
+            await until(lambda: (fleet.get("pa") or {})["metadata"]["generation"] == 2, what="the edit")
+
+            bulk: list[int] = []
+            judge = Controller._sync_slices
+
+            async def held(self: Controller, *, submit: bool = True) -> set[str]:
+                if not self.started and not submit:  # the first pass's bulk
+                    counted: Any = self.engine  # the CountingEngine of tests/automation/fleet.py, in a view
+                    await until(lambda: counted.up_count("a") > 0, what="the lane's up", within=60)
+                    bulk.append(len(self.planner.applied_keys()))
+                return await judge(self, submit=submit)
+
+            monkeypatch.setattr(Controller, "_sync_slices", held)
+            second = await fleet.start("replica-b")
+            await until(lambda: ready_at(fleet, "pa", moved), what="pa Ready at its new port", within=120)
+            await until(lambda: settled(second), what="the second leader settles", within=60)
+            assert bulk, "the first pass's bulk was never judged"
+            stalled = [item for item in listed(fleet) if item["metadata"]["name"].startswith("u")]
+            assert all((item.get("status") or {}).get("phase") == "Stalled" for item in stalled)
+        finally:
+            await fleet.stop_all()
+
+    asyncio.run(scenario())

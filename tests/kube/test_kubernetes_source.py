@@ -371,3 +371,86 @@ def request_json_or_none(api: ApiClient, where: str) -> dict[str, Any] | None:
         if exc.status == 404:
             return None
         raise
+
+
+def test_a_sliced_poll_judges_a_few_at_a_time_and_loses_none(kube_client, namespace, make_source) -> None:
+    """A new term takes 10,000 in, a slice at a time (the control loop serves between slices): each call
+    judges at most `limit`, the rest stay marked for the next, and every Proxy comes through once."""
+    for i in range(7):
+        create(kube_client, proxy_doc(namespace, f"p{i}", port=18600 + i))
+    source = make_source()
+    wait_for(lambda: len(source.objects()) == 7)
+    source.replay()
+    seen: list[str] = []
+    calls = 0
+    more = True
+    while more:
+        change, more = source.poll_some(limit=3)
+        assert len(change.upserts) <= 3
+        seen += change.upserts.keys()
+        calls += 1
+    assert sorted(seen) == [f"{namespace}/p{i}" for i in range(7)]
+    assert calls == 3
+    only, more = source.poll_some(only=())
+    assert not only.upserts, "nothing left once every slice was judged"
+    assert not more
+
+
+def test_the_lane_holds_the_changed_proxies_and_their_stacks_others(
+    kube_client, namespace, make_source
+) -> None:
+    """What a new term takes in first: a Proxy whose generation its status does not describe yet, and the
+    Proxies whose status says they run in the same stack; not the unchanged rest, not a changed Proxy
+    whose flat name another shares, and no lane at all with more changes than `most` (a first intake)."""
+    catalogue = CATALOGUE + "  - name: other\n    type: local\n    bindAddress: 127.0.0.1\n"
+    merge(
+        kube_client,
+        f"/api/v1/namespaces/{namespace}/configmaps/proxy-operator-providers",
+        {"data": {"providers.yaml": catalogue}},
+    )
+    for name, stack in (("same", "local"), ("elsewhere", "other"), ("edited", "local")):
+        doc = proxy_doc(namespace, name)
+        doc["spec"]["provider"] = stack
+        created = create(kube_client, doc)
+        merge(
+            kube_client,
+            path(namespace, name) + "/status",
+            {"status": {"stack": stack, "observedGeneration": created["metadata"]["generation"]}},
+        )
+    source = make_source()
+    wait_for(
+        lambda: (
+            all(o.status.get("observedGeneration") for o in source.objects()) and len(source.objects()) == 3
+        )
+    )
+    poll_until(source, lambda seen: seen.catalogue is not None and len(seen.upserts) == 3)
+    assert source.lane() is None, "an unchanged fleet has no lane"
+
+    merge(kube_client, path(namespace, "edited"), {"spec": {"port": 18999}})
+    wait_for(lambda: source.lane() is not None)
+    lane = source.lane()
+    assert lane is not None
+    assert lane.stacks == {"local"}
+    assert lane.keys == {f"{namespace}/edited", f"{namespace}/same"}
+    assert source.lane(most=0) is None, "more changes than `most`: no lane"
+
+    # A changed Proxy whose flat name (<namespace>-<name>) an object of another namespace shares is left
+    # to the bulk: `<namespace>/a-b` and `<namespace>-a/b` share one (a source watching both namespaces).
+    twin_ns = f"{namespace}-a"
+    request_json(kube_client, "POST", "/api/v1/namespaces", body={"metadata": {"name": twin_ns}})
+    create(kube_client, proxy_doc(namespace, "a-b"))
+    create(kube_client, proxy_doc(twin_ns, "b"))
+    settings = KubeSettings(namespaces=[namespace, twin_ns], namespace=namespace)
+    both = KubernetesSource(kube_client, settings)
+    both.start()
+    try:
+        assert both.wait_synced(30), both.watch_errors()
+        wait_for(lambda: len(both.objects()) == 5)
+        poll_until(both, lambda seen: seen.catalogue is not None)
+        both_lane = both.lane()
+        assert both_lane is not None
+        assert f"{namespace}/edited" in both_lane.keys
+        assert f"{namespace}/a-b" not in both_lane.keys
+        assert f"{twin_ns}/b" not in both_lane.keys
+    finally:
+        both.stop()
