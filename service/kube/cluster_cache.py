@@ -50,6 +50,7 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._objects: dict[str, ProxyObject] = {}
         self._dirty: set[str] = set()
+        self._fresh: set[str] = set()  # dirtied by a watch event (a change made now), not by a list or mark
         self._relisted = False
         self._catalogue_doc: Obj | None = None
         self._catalogue_dirty = False
@@ -107,6 +108,12 @@ class ClusterCache:
             self._dirty, self._relisted, self._catalogue_dirty = set(), False, False
             self._secrets_dirty = set()
         return marks
+
+    def take_fresh(self) -> set[str]:
+        """The keys that watch events changed since the last call (cleared)."""
+        with self._lock:
+            fresh, self._fresh = self._fresh, set()
+        return fresh
 
     def mark(self, keys: set[str] | None = None, *, relisted: bool = False, catalogue: bool = False) -> None:
         """Judge these keys (None: every object) again at the next poll."""
@@ -212,6 +219,7 @@ class ClusterCache:
                 dirtied = previous is None or previous.reconciled_parts() != obj.reconciled_parts()
                 if dirtied:
                     self._dirty.add(obj.key)
+                    self._fresh.add(obj.key)
         self.on_object(obj.key)
         if dirtied:  # not our own status writes: they change nothing to reconcile
             self.on_change()

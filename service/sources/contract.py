@@ -131,6 +131,8 @@ class SlicedSource(Protocol):
 
     def lane(self) -> Lane | None: ...
 
+    def urgent(self) -> Lane | None: ...
+
 
 class Source(Protocol):
     """The control loop's view of a source; the directory source and the Kubernetes source implement it."""

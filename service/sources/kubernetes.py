@@ -192,20 +192,30 @@ class KubernetesSource:
         self.problems = change.problems or self.problems
         return change, bool(left)
 
-    def lane(self, *, most: int = LANE_MOST) -> Lane | None:
+    def urgent(self) -> Lane | None:
+        """A lane for the changes that watch events brought since the last call (see `lane`): a change
+        made while a new term judges the bulk goes ahead of what is left of it."""
+        fresh = self.cache.take_fresh()
+        return self.lane(among=fresh) if fresh else None
+
+    def lane(self, *, most: int = LANE_MOST, among: Collection[str] | None = None) -> Lane | None:
         """The Proxies a new term takes in ahead of the rest: the few with a real change (a generation that
         their status does not describe yet), and every Proxy of the stacks those go to, so that those
         stacks can run once they are read, before the bulk is judged. None when there is no catalogue, no
-        such change, or more than `most` of them (a first intake: no lane). A changed Proxy whose flat name
+        such change, or more than `most` of them (a first intake: no lane); `among` limits the changed
+        ones to those keys (the ones watch events brought: `urgent`). A changed Proxy whose flat name
         another object shares is left to the bulk (which of the two keeps the name needs the whole fleet
         and the backend's record of which is applied)."""
         catalogue = self._catalogue
         if catalogue is None:
             return None
+        if among is None:
+            self.cache.take_fresh()  # what this lane sees needs no lane of its own later
         objects = self.cache.objects()
+        candidates = objects if among is None else [o for o in (self.cache.object(k) for k in among) if o]
         changed = [
             obj
-            for obj in objects
+            for obj in candidates
             if not obj.deleting and obj.status.get("observedGeneration") != obj.generation
         ]
         if not changed or len(changed) > most:

@@ -203,3 +203,56 @@ def test_a_change_made_during_the_handover_runs_before_the_rest_is_taken_in(
             await fleet.stop_all()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.engine
+def test_a_change_made_while_the_rest_is_judged_takes_the_lane_too(
+    fleet: ClusterFleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change that a watch event brings while the new leader judges the bulk (slice by slice) is taken
+    in ahead of what is left: between two slices the loop asks the source for the changes made meanwhile
+    (`urgent`). Here the edit is made once the bulk has begun, one Proxy a slice."""
+    import service.controller
+    from service.controller import Controller
+
+    monkeypatch.setattr(service.controller, "SLICE", 1)
+    fleet.set_catalogue(["a"])
+    port, moved = free_port(), free_port()
+    fleet.create("pa", port=port, provider="a")
+    for i in range(20):
+        fleet.create(f"u{i:03d}", port=20000 + i, provider="elsewhere")
+    key = f"{fleet.namespace}/pa"
+
+    async def scenario() -> None:
+        first = await fleet.start("replica-a")
+        try:
+            await until(lambda: ready_at(fleet, "pa", port), what="pa Ready", within=180)
+            await until(lambda: settled(first), what="the first leader settles")
+            await first.stop()
+
+            lanes: list[tuple[bool, frozenset[str]]] = []
+            judge, take = Controller._sync_slices, Controller._take_lane
+
+            async def bulk(self: Controller, *, submit: bool = True) -> set[str]:
+                if not self.started and not submit:  # the first pass's bulk: the edit comes now
+                    fleet.edit("pa", {"spec": {"port": moved}})
+                    await until(
+                        lambda: getattr(self.source.object(key), "generation", 0) == 2, what="the edit"
+                    )
+                return await judge(self, submit=submit)
+
+            def taken(self: Controller, lane: Any) -> None:
+                if lane is not None:
+                    lanes.append((self.started, lane.keys))
+                take(self, lane)
+
+            monkeypatch.setattr(Controller, "_sync_slices", bulk)
+            monkeypatch.setattr(Controller, "_take_lane", taken)
+            second = await fleet.start("replica-b")
+            await until(lambda: ready_at(fleet, "pa", moved), what="pa Ready at its new port", within=120)
+            assert (False, frozenset({key})) in lanes, f"the edit took no lane during the first pass: {lanes}"
+            await until(lambda: settled(second), what="the second leader settles", within=60)
+        finally:
+            await fleet.stop_all()
+
+    asyncio.run(scenario())
