@@ -99,6 +99,7 @@ def create_app(
         context=app.state.context,
         router=leases.router,
         endpoint=leases.create_lease,
+        writer=leases.create_lease_json,
         body_model=LeaseBody,
         error_handlers=app.exception_handlers,
         limit=limit,

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 PATH = "/v1/leases"
 PARAMETERS = ("client", "ctx", "body")  # what `create_lease` takes; anything else: FastAPI serves it all
 Endpoint = Callable[..., Awaitable[BaseModel]]
+Writer = Callable[..., Awaitable[bytes]]
 
 
 def _plain(router: APIRouter, endpoint: Endpoint) -> bool:
@@ -70,10 +71,14 @@ class LeaseFastPath:
         limit: int,
         pacer: Pacer,
         exempt: Collection[str] = (),
+        writer: Writer | None = None,
     ) -> None:
+        """`writer`: the endpoint's answer as JSON bytes, from the same arguments (else the endpoint's model
+        is dumped)."""
         self.app = app
         self._context = context
         self._endpoint = endpoint
+        self._writer = writer
         self._body_model = body_model
         self._handlers = error_handlers
         self._limit = limit  # the body guard's
@@ -149,14 +154,17 @@ class LeaseFastPath:
         state = scope["state"]
         id_header = (HEADER, state["request_id"].encode())
         try:
-            answer = await self._endpoint(**arguments)
+            if self._writer is None:
+                answer = (await self._endpoint(**arguments)).model_dump_json(by_alias=True).encode()
+            else:
+                answer = await self._writer(**arguments)
         except Exception as exc:
             response = await self._error_response(Request(scope, receive), exc)
             if response is None:
                 raise  # to the app's outermost handler (a 500), as from any route
         else:
             self._pacer.answered(name, 200, None)
-            await _send_json(send, answer.model_dump_json(by_alias=True).encode(), id_header)
+            await _send_json(send, answer, id_header)
             return
 
         async def answering(message: Message) -> None:

@@ -25,8 +25,9 @@ from service.api.routers import leases
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.discovery.memory import MemoryStore
 from service.discovery.service import DiscoveryService
+from service.inventory import Health, HealthState
 from service.settings import DiscoverySettings
-from tests.service.conftest import FakeClock, healthy_inventory
+from tests.service.conftest import FakeClock, endpoint, healthy_inventory
 
 TOKENS = {"lease": "t-lease", "report": "t-report"}
 JSON = {"Content-Type": "application/json"}
@@ -34,8 +35,18 @@ JSON = {"Content-Type": "application/json"}
 
 def _app(*, fast: bool) -> FastAPI:
     ids = itertools.count()
+    inventory = healthy_inventory([f"p{i}" for i in range(3)])
+    odd = [  # what JSON and URLs must escape, no pool, IPv6, SOCKS5, no credentials, no egress IP
+        endpoint(
+            "a3", pool=None, protocol="socks5", host="::1", username='ü"s\\er', password="p@ss:w/rd\n\t\x01"
+        ),
+        endpoint("a4", host="proxy.example", username=None, password=None, provider="café"),
+    ]
+    inventory.replace_all([*(inventory.get(f"default/p{i}") for i in range(3)), *odd])
+    inventory.set_health("default/a3", Health(state=HealthState.healthy, egress_ip="::2"))
+    inventory.set_health("default/a4", Health(state=HealthState.healthy))
     discovery = DiscoveryService(
-        inventory=healthy_inventory([f"p{i}" for i in range(5)]),
+        inventory=inventory,
         store=MemoryStore(),
         settings=DiscoverySettings(max_count=3),
         clock=FakeClock(),
@@ -155,6 +166,9 @@ def test_the_fast_path_answers_as_fastapi_does(monkeypatch: pytest.MonkeyPatch) 
     for request, got, want in zip(REQUESTS, fast, slow, strict=True):
         assert got == want, request
     statuses = [status for status, _, _ in slow]
+    written = b"".join(body for _, _, body in slow)
+    for odd in (b'"host":"::1"', b'"username":null', b'"pool":null', b'"egressIp":null'):
+        assert odd in written  # the odd proxies were leased
     assert {200, 401, 403, 413, 422, 503} <= set(statuses)
     assert len(served) == 19  # the well-formed, authorised ones; the rest went to FastAPI
 
