@@ -60,6 +60,7 @@ bench() {  # the benchmark starts its own copies on loopback: none may be left r
   deny_daemons=1
   want tinyproxy tinyproxy "tests/bench/bench_forward_proxy.py measures our forward proxy against it (HTTP)"
   want danted dante-server "tests/bench/bench_forward_proxy.py measures our forward proxy against it (SOCKS5)"
+  want wrk wrk "tests/bench/bench_discovery.py loads the lease API with it (a C generator; else only its asyncio one)"
 }
 
 case "${1:-}" in

@@ -17,7 +17,7 @@ from service.api.fast_lease import LeaseFastPath
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
 from service.api.models import LeaseBody
-from service.api.pacing import ClientPacing
+from service.api.pacing import ClientPacing, Pacer
 from service.api.query_guard import refuse_unknown_query
 from service.api.routers import deletions as deletions_router
 from service.api.routers import echo, leases, probes, proxies, reports, stacks, status, whoami
@@ -89,19 +89,23 @@ def create_app(
         deletions=deletions,
     )
     install_error_handlers(app)
-    app.add_middleware(  # inside the request id, so its answers carry one; see fast_lease.py
+    pacer = Pacer()
+    limit = discovery.settings.max_body_bytes
+    app.add_middleware(ClientPacing, pacer=pacer)  # after BodyGuard named the client, before any lease work
+    app.add_middleware(BodyGuard, authenticator=authenticator, limit=limit, exempt=body_exempt)
+    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(  # in front of them all: it does what they would (see fast_lease.py)
         LeaseFastPath,
         context=app.state.context,
         router=leases.router,
         endpoint=leases.create_lease,
+        writer=leases.create_lease_json,
         body_model=LeaseBody,
         error_handlers=app.exception_handlers,
+        limit=limit,
+        pacer=pacer,
+        exempt=body_exempt or (),
     )
-    app.add_middleware(ClientPacing)  # after BodyGuard named the client, before any lease work
-    app.add_middleware(  # outside the fast path, which reads the body too
-        BodyGuard, authenticator=authenticator, limit=discovery.settings.max_body_bytes, exempt=body_exempt
-    )
-    app.add_middleware(RequestIdMiddleware)
     app.include_router(probes.router)  # probes take what kubelets and Prometheus send
     for module in (echo, whoami, proxies, leases, reports, stacks, status, deletions_router):
         # An unknown query parameter is a 422 on every route: declared, so /openapi.json tells the truth.

@@ -23,6 +23,7 @@ from service.discovery.errors import (
     NotALeaseholder,
     ProxyNotFound,
     SessionLost,
+    StoreUnavailable,
     TargetNotLeased,
     TooManyReports,
 )
@@ -54,6 +55,7 @@ _DISCOVERY_STATUS: dict[type[DiscoveryError], int] = {
     LeaseLimited: 429,
     LeaseRequired: 422,
     TargetNotLeased: 409,
+    StoreUnavailable: 503,
 }
 
 
@@ -100,13 +102,18 @@ async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
 
 
 async def _discovery_error(request: Request, exc: DiscoveryError) -> JSONResponse:
-    status = _DISCOVERY_STATUS.get(type(exc), 400)
+    detail = str(exc)
+    if isinstance(exc, StoreUnavailable):  # a subclass of the store's own error too (redis_pipe.py)
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        status, detail = 503, exc.DETAIL
+    else:
+        status = _DISCOVERY_STATUS.get(type(exc), 400)
     headers = None
-    if isinstance(exc, NoProxyAvailable | TooManyReports | LeaseLimited):
+    if isinstance(exc, NoProxyAvailable | TooManyReports | LeaseLimited | StoreUnavailable):
         headers = {"Retry-After": retry_after(exc.retry_after)}
     if isinstance(exc, TooManyReports) or (isinstance(exc, LeaseLimited) and exc.reason == "lease_rate"):
         request.scope.setdefault("state", {})[STATE_PACE] = exc.retry_after  # the client's own limit
-    return error_response(request, status=status, reason=exc.reason, detail=str(exc), headers=headers)
+    return error_response(request, status=status, reason=exc.reason, detail=detail, headers=headers)
 
 
 def retry_after(seconds: float) -> str:

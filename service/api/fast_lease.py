@@ -1,19 +1,24 @@
-"""`POST /v1/leases` without FastAPI's per-request machinery for the common request; the rest goes to FastAPI.
+"""`POST /v1/leases` without FastAPI's per-request machinery and our middlewares for the common request.
 
 Profiled under load (docs/operations.md, "Bench"), FastAPI's walk over the included routers, its solving of
-the route's dependencies and its re-validation of the returned model cost more than the lease itself. This
-plain-ASGI layer serves the request that needs none of that: `POST /v1/leases`, no query string, a JSON body
-that validates, a bearer token with the `lease` scope. It calls the route's own function with the arguments
-FastAPI would pass and writes the same JSON. Any other request, including every one that ends in a 4xx
-before the route runs, goes to FastAPI with its body replayed, so those answers stay FastAPI's. Errors the
-route raises go to the app's own exception handlers.
+the route's dependencies and its re-validation of the returned model cost more than the lease itself, and the
+middlewares in front of it (request id, body guard, pacing) another sixth of a lease. This plain-ASGI layer,
+the outermost of the app's own (inside Starlette's ServerErrorMiddleware only), serves the request that needs
+none of that: `POST /v1/leases`, no query string, a Content-Length within the body limit (no chunked body), a
+JSON body that validates, a bearer token with the `lease` scope. It does what the middlewares would do for
+it (the request id: `middleware.py`; the body guard's token check and limit: `body_guard.py`; the client's
+pacing: `pacing.py`, the same `Pacer`), calls the route's own function with the arguments FastAPI would pass
+and writes the same JSON. Any other request, including every one that ends in a 4xx before the route runs,
+goes to the middlewares and FastAPI with its body replayed, so those answers stay theirs. Errors the route
+raises go to the app's own exception handlers. tests/service/test_api_fast_lease.py holds both paths to the
+same bytes.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
 from fastapi import APIRouter
@@ -24,12 +29,15 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, ExceptionHandler, Message, Receive, Scope, Send
 
 from service.api.body_guard import STATE_CLIENT
+from service.api.middleware import HEADER, VALID_ID, new_request_id
+from service.api.pacing import STATE_PACE, Pacer
 from service.auth import Scope as AuthScope
 
 log = logging.getLogger(__name__)
 PATH = "/v1/leases"
 PARAMETERS = ("client", "ctx", "body")  # what `create_lease` takes; anything else: FastAPI serves it all
 Endpoint = Callable[..., Awaitable[BaseModel]]
+Writer = Callable[..., Awaitable[bytes]]
 
 
 def _plain(router: APIRouter, endpoint: Endpoint) -> bool:
@@ -60,13 +68,22 @@ class LeaseFastPath:
         endpoint: Endpoint,
         body_model: type[BaseModel],
         error_handlers: Mapping[Any, ExceptionHandler],
+        limit: int,
+        pacer: Pacer,
+        exempt: Collection[str] = (),
+        writer: Writer | None = None,
     ) -> None:
+        """`writer`: the endpoint's answer as JSON bytes, from the same arguments (else the endpoint's model
+        is dumped)."""
         self.app = app
         self._context = context
         self._endpoint = endpoint
+        self._writer = writer
         self._body_model = body_model
         self._handlers = error_handlers
-        self.enabled = _plain(router, endpoint)
+        self._limit = limit  # the body guard's
+        self._pacer = pacer  # ClientPacing's
+        self.enabled = _plain(router, endpoint) and PATH not in exempt
         if not self.enabled:
             log.warning("lease fast path off: %s is no longer the route it knows", endpoint.__name__)
 
@@ -90,41 +107,73 @@ class LeaseFastPath:
     async def _arguments(
         self, scope: Scope, receive: Receive, messages: list[Message]
     ) -> dict[str, Any] | None:
-        """The route's arguments, or None when FastAPI should decide (and answer) instead."""
+        """The route's arguments, or None when the middlewares and FastAPI should decide (and answer)."""
         authorization = content_type = None
+        length = -1
+        request_id = b""
         for name, value in scope["headers"]:
-            if name == b"authorization" and authorization is None:
-                authorization = value
-            elif name == b"content-type" and content_type is None:
-                content_type = value
-        if authorization is None or content_type is None or not _is_json(content_type):
+            if name == b"authorization":
+                if authorization is None:
+                    authorization = value
+            elif name == b"content-type":
+                if content_type is None:
+                    content_type = value
+            elif name == b"content-length":
+                if value.strip().isdigit():  # the last one, as the body guard reads it
+                    length = int(value)
+            elif name == HEADER:
+                request_id = value  # the last one, as RequestIdMiddleware reads it
+            elif name == b"transfer-encoding":
+                return None  # chunked: the body guard counts it as it streams
+        if not 0 < length <= self._limit or authorization is None or content_type is None:
+            return None
+        if not _is_json(content_type):
             return None
         scheme, _, token = authorization.decode("latin-1").partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
             return None
-        body = await _read_body(receive, messages)
-        known = scope.get("state", {}).get(STATE_CLIENT)  # BodyGuard checked this header already
-        client = (known or self._context.authenticator.authenticate(token)) if body else None
+        client = self._context.authenticator.authenticate(token)
         if client is None or AuthScope.lease not in client.scopes:
+            return None
+        body = await _read_body(receive, messages)
+        if not body or len(body) > self._limit:
             return None
         try:
             parsed = self._body_model.model_validate_json(body)
         except ValidationError:  # also for JSON that does not parse: FastAPI then answers
             return None
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id.decode() if VALID_ID.match(request_id) else new_request_id()
+        state[STATE_CLIENT] = client
         return {"client": client, "ctx": self._context, "body": parsed}
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, arguments: dict[str, Any]) -> None:
+        name = arguments["client"].name
+        await self._pacer.wait(name)
+        state = scope["state"]
+        id_header = (HEADER, state["request_id"].encode())
         try:
-            answer = await self._endpoint(**arguments)
+            if self._writer is None:
+                answer = (await self._endpoint(**arguments)).model_dump_json(by_alias=True).encode()
+            else:
+                answer = await self._writer(**arguments)
         except Exception as exc:
             response = await self._error_response(Request(scope, receive), exc)
             if response is None:
                 raise  # to the app's outermost handler (a 500), as from any route
         else:
-            await _send_json(send, answer.model_dump_json(by_alias=True).encode())
+            self._pacer.answered(name, 200, None)
+            await _send_json(send, answer, id_header)
             return
-        await response(scope, receive, send)
+
+        async def answering(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", ()), id_header]
+                self._pacer.answered(name, int(message["status"]), state.get(STATE_PACE))
+            await send(message)
+
+        await response(scope, receive, answering)
 
     async def _error_response(self, request: Request, exc: Exception) -> Response | None:
         """What the app's exception handler for `exc` answers (as ExceptionMiddleware looks it up)."""
@@ -135,9 +184,10 @@ class LeaseFastPath:
         return None
 
 
-async def _send_json(send: Send, body: bytes) -> None:
-    """What Starlette's `Response(body, media_type="application/json")` sends, without building one."""
-    headers = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json")]
+async def _send_json(send: Send, body: bytes, request_id: tuple[bytes, bytes]) -> None:
+    """What Starlette's `Response(body, media_type="application/json")` sends, without building one, with the
+    request id RequestIdMiddleware adds."""
+    headers = [(b"content-length", b"%d" % len(body)), (b"content-type", b"application/json"), request_id]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

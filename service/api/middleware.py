@@ -8,7 +8,7 @@ import re
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = b"x-request-id"
-_VALID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
+VALID_ID = re.compile(rb"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class RequestIdMiddleware:
@@ -25,7 +25,7 @@ class RequestIdMiddleware:
         for name, value in scope["headers"]:
             if name == HEADER:
                 given = value  # the last one, as before
-        request_id = given.decode() if _VALID.match(given) else new_request_id()
+        request_id = given.decode() if VALID_ID.match(given) else new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
         header = (HEADER, request_id.encode())
 

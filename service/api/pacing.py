@@ -34,21 +34,19 @@ MAX_CLIENTS = 100_000  # bounded memory: the oldest paced clients are forgotten 
 PACED = ("/v1/leases", "/v1/reports")
 
 
-class ClientPacing:
-    def __init__(self, app: ASGIApp, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.app = app
+class Pacer:
+    """The pacing state, per client name: shared by `ClientPacing` and the lease fast path (fast_lease.py),
+    which answers its requests itself, exactly as `ClientPacing` would."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._next: dict[str, float] = {}  # client -> when its next request may be served
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        client = scope.get("state", {}).get(STATE_CLIENT) if scope["type"] == "http" else None
-        if not isinstance(client, Client) or not str(scope.get("path", "")).startswith(PACED):
-            await self.app(scope, receive, send)
-            return
-        await self._wait(client.name)
-        await self.app(scope, receive, self._watching(client.name, scope, send))
+    def paces(self, name: str) -> bool:
+        """Whether the client's next request may be held."""
+        return name in self._next
 
-    async def _wait(self, name: str) -> None:
+    async def wait(self, name: str) -> None:
         slot = self._next.get(name)
         if slot is None:
             return
@@ -58,15 +56,7 @@ class ClientPacing:
         if start > now:
             await asyncio.sleep(start - now)
 
-    def _watching(self, name: str, scope: Scope, send: Send) -> Send:
-        async def watched(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self._answered(name, int(message["status"]), scope.get("state", {}).get(STATE_PACE))
-            await send(message)
-
-        return watched
-
-    def _answered(self, name: str, status: int, pace: float | None) -> None:
+    def answered(self, name: str, status: int, pace: float | None) -> None:
         if status < 400 or status >= 500:
             self._next.pop(name, None)  # served (or our failure, not the client's): no pacing
             return
@@ -75,3 +65,25 @@ class ClientPacing:
         self._next[name] = max(self._next.get(name, 0.0), now + hold)
         if len(self._next) > MAX_CLIENTS:
             self._next.pop(next(iter(self._next)))
+
+
+class ClientPacing:
+    def __init__(self, app: ASGIApp, *, pacer: Pacer | None = None) -> None:
+        self.app = app
+        self.pacer = pacer or Pacer()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = scope.get("state", {}).get(STATE_CLIENT) if scope["type"] == "http" else None
+        if not isinstance(client, Client) or not str(scope.get("path", "")).startswith(PACED):
+            await self.app(scope, receive, send)
+            return
+        await self.pacer.wait(client.name)
+        await self.app(scope, receive, self._watching(client.name, scope, send))
+
+    def _watching(self, name: str, scope: Scope, send: Send) -> Send:
+        async def watched(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.pacer.answered(name, int(message["status"]), scope.get("state", {}).get(STATE_PACE))
+            await send(message)
+
+        return watched

@@ -72,3 +72,13 @@ class TargetNotLeased(DiscoveryError):
     """A report naming a target other than the one its lease was taken for."""
 
     reason = "target_not_leased"
+
+
+class StoreUnavailable(DiscoveryError):
+    """The shared store (Redis) did not answer in time or the connection to it failed: a 503 the client may
+    retry after `retry_after` seconds, never a 500. The message (which names the store's address) goes to
+    the log; the client gets `DETAIL`."""
+
+    reason = "store_unavailable"
+    retry_after = 1.0
+    DETAIL = "the discovery store did not answer; retry after Retry-After"

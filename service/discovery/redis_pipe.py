@@ -10,8 +10,8 @@ write and one read per command), which was most of a lease's CPU with the Redis 
 It speaks RESP2 over TCP, with the host, port, credentials and database of the redis-py client it is built
 from; for other connections (TLS, Unix sockets) `for_client` returns None and the store keeps using redis-py.
 Errors are redis-py's: a reply error is a `ResponseError` (`NoScriptError` for NOSCRIPT), a lost or silent
-connection a `ConnectionError` or `TimeoutError` for every command waiting on it, and the next command
-connects again.
+connection a `ConnectionError` or `TimeoutError` for every command waiting on it (each also a
+`StoreUnavailable`, which the API answers with a 503), and the next command connects again.
 """
 
 from __future__ import annotations
@@ -26,11 +26,21 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from service.discovery.errors import StoreUnavailable
+
 REPLY_TIMEOUT_SECONDS = 10.0  # a reply slower than this means the connection is gone
 # Commands leave at the end of the event loop's turn, or as soon as this many wait: Redis then starts on them
 # while this process goes on with other requests (measured: +5-10 % leases/s against flushing once a turn).
 FLUSH_AT = 8
 _INCOMPLETE = object()
+
+
+class StoreConnectionError(RedisConnectionError, StoreUnavailable):
+    """No connection to Redis: redis-py's error, and the API's 503."""
+
+
+class StoreTimeoutError(RedisTimeoutError, StoreUnavailable):
+    """No reply from Redis in time: redis-py's error, and the API's 503."""
 
 
 class RedisPipe:
@@ -78,7 +88,7 @@ class RedisPipe:
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None
         if protocol is not None and protocol.loop is asyncio.get_running_loop():
-            protocol.abort(RedisConnectionError("closed"))
+            protocol.abort(StoreConnectionError("closed"))
 
     async def _connect(self) -> _Protocol:
         if self._connecting is None or self._connecting.get_loop() is not asyncio.get_running_loop():
@@ -98,12 +108,12 @@ class RedisPipe:
                 loop.create_connection(_Protocol, *self._address), REPLY_TIMEOUT_SECONDS
             )
         except (OSError, TimeoutError) as exc:
-            raise RedisConnectionError(f"cannot connect to Redis at {self._address}: {exc}") from exc
+            raise StoreConnectionError(f"cannot connect to Redis at {self._address}: {exc}") from exc
         for command in self._hello:
             await protocol.send(command)
         old, self._protocol = self._protocol, protocol
         if old is not None and old.loop is loop:
-            old.abort(RedisConnectionError("replaced"))
+            old.abort(StoreConnectionError("replaced"))
         return protocol
 
 
@@ -122,7 +132,7 @@ class _Protocol(asyncio.Protocol):
 
     def send(self, args: tuple[str | None, ...]) -> asyncio.Future[Any]:
         if self.closed:
-            raise RedisConnectionError("the connection to Redis is closed")
+            raise StoreConnectionError("the connection to Redis is closed")
         future: asyncio.Future[Any] = self.loop.create_future()
         if not self._outgoing:
             self.loop.call_soon(self._flush)
@@ -152,7 +162,7 @@ class _Protocol(asyncio.Protocol):
         self._buffer = buffer[position:]
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._fail(RedisConnectionError(f"connection to Redis lost: {exc or 'closed by the server'}"))
+        self._fail(StoreConnectionError(f"connection to Redis lost: {exc or 'closed by the server'}"))
 
     def abort(self, error: Exception) -> None:
         self._fail(error)
@@ -170,7 +180,7 @@ class _Protocol(asyncio.Protocol):
             return
         waited = time.monotonic() - self._waiting[0][1]
         if waited >= REPLY_TIMEOUT_SECONDS:
-            self.abort(RedisTimeoutError(f"no reply from Redis in {waited:.0f} s"))
+            self.abort(StoreTimeoutError(f"no reply from Redis in {waited:.0f} s"))
         else:
             self._watchdog = self.loop.call_later(REPLY_TIMEOUT_SECONDS - waited, self._check)
 
@@ -223,4 +233,4 @@ def _parse(buffer: bytes, position: int) -> tuple[Any, int] | None:
         message = line.decode()
         error = NoScriptError if message.startswith("NOSCRIPT") else ResponseError
         return error(message), position
-    raise RedisConnectionError(f"unexpected reply from Redis: {bytes(buffer[position - 2 :])[:40]!r}")
+    raise StoreConnectionError(f"unexpected reply from Redis: {bytes(buffer[position - 2 :])[:40]!r}")

@@ -24,8 +24,9 @@ local function fmt(x) return string.format('%.6f', x) end
 # answers {'limited', 'lease_rate', when one more fits}), then the distinct proxies of the share pool this
 # client holds (`mine`: proxy -> when its last lease there ends) and the `room` left. When the share is
 # taken (`full`), only proxies in `mine` may be handed out. Expects `act` (the client's active leases: lease
-# id -> end), `banby` (the penalties its reports set: proxy -> end), `ratekey`, `share_key` (a set, or false:
-# the pool is the candidates) and `in_cand(proxy)`.
+# id -> end), `used` (proxy -> end of the client's latest lease on it), `banby` (the penalties its reports
+# set: proxy -> end), `ratekey`, `share_key` (a set, or false: the pool is the candidates) and
+# `in_cand(proxy)`.
 _LIMITS = r"""
 local function in_share(proxy)
   if share_key then return redis.call('SISMEMBER', share_key, proxy) == 1 end
@@ -44,10 +45,14 @@ end
 local mine, mine_list, room, full = {}, {}, nil, false
 if holding then
   redis.call('ZREMRANGEBYSCORE', act, '-inf', fmt(now))
-  -- At most this many distinct proxies are held (a lease each, a ban each): far enough under the limit,
-  -- this request cannot reach it, and the client's leases need not be read (one that never releases
-  -- holds thousands).
-  local most = redis.call('ZCARD', act) + redis.call('ZCOUNT', banby, '(' .. fmt(now), '+inf')
+  -- At most this many distinct proxies are held (a ban each, and a lease each, or each proxy whose latest
+  -- lease has not ended: `used`, released ones included): far enough under the limit, this request cannot
+  -- reach it, and the client's leases need not be read. Counting leases alone is not enough: a client that
+  -- never releases holds more leases than proxies (one per target and cooldown), and past its limit in
+  -- leases every request read them all (thousands: 10-300 ms of Redis each, issue 20).
+  local leases = redis.call('ZCARD', act)
+  local proxies = redis.call('ZCOUNT', used, '(' .. fmt(now), '+inf')
+  local most = math.min(leases, proxies) + redis.call('ZCOUNT', banby, '(' .. fmt(now), '+inf')
   if most + count <= holding then holding = nil end
 end
 if holding then

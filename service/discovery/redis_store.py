@@ -23,10 +23,12 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.discovery import redis_scripts
-from service.discovery.redis_pipe import RedisPipe
+from service.discovery.redis_pipe import RedisPipe, StoreConnectionError, StoreTimeoutError
 from service.discovery.report_summary import (
     KEEP_SECONDS,
     MOST,
@@ -153,13 +155,18 @@ class RedisStore:
         # Built under a temporary name and renamed, so a script never sees half a set.
         tmp = f"{key}:tmp:{uuid.uuid4().hex}"
         members = sorted(candidates)
-        async with self._r.pipeline(transaction=False) as pipe:
-            for start in range(0, len(members), 1000):
-                pipe.sadd(tmp, *members[start : start + 1000])
-            pipe.zadd(f"{self._p}:lru", dict.fromkeys(members, 0), nx=True)  # never used = oldest
-            pipe.rename(tmp, key)
-            pipe.pexpire(key, CANDIDATE_SET_TTL_MS)
-            await pipe.execute()
+        try:
+            async with self._r.pipeline(transaction=False) as pipe:
+                for start in range(0, len(members), 1000):
+                    pipe.sadd(tmp, *members[start : start + 1000])
+                pipe.zadd(f"{self._p}:lru", dict.fromkeys(members, 0), nx=True)  # never used = oldest
+                pipe.rename(tmp, key)
+                pipe.pexpire(key, CANDIDATE_SET_TTL_MS)
+                await pipe.execute()
+        except RedisConnectionError as exc:  # part of a lease: the API's 503, not a 500
+            raise StoreConnectionError(f"uploading a candidate set: {exc}") from exc
+        except RedisTimeoutError as exc:
+            raise StoreTimeoutError(f"uploading a candidate set: {exc}") from exc
 
     def _keys(self, request: AcquireRequest) -> list[str]:
         hold = self._hold_key(request.client, request.target)

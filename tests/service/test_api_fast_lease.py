@@ -10,21 +10,24 @@ import asyncio
 import itertools
 import json
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 from fastapi import APIRouter, Depends, FastAPI
 
-from service.api import create_app
+from service.api import create_app, fast_lease, middleware
 from service.api.fast_lease import LeaseFastPath
 from service.api.models import LeaseBody
+from service.api.pacing import Pacer
 from service.api.routers import leases
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.discovery.memory import MemoryStore
 from service.discovery.service import DiscoveryService
+from service.inventory import Health, HealthState
 from service.settings import DiscoverySettings
-from tests.service.conftest import FakeClock, healthy_inventory
+from tests.service.conftest import FakeClock, endpoint, healthy_inventory
 
 TOKENS = {"lease": "t-lease", "report": "t-report"}
 JSON = {"Content-Type": "application/json"}
@@ -32,8 +35,18 @@ JSON = {"Content-Type": "application/json"}
 
 def _app(*, fast: bool) -> FastAPI:
     ids = itertools.count()
+    inventory = healthy_inventory([f"p{i}" for i in range(3)])
+    odd = [  # what JSON and URLs must escape, no pool, IPv6, SOCKS5, no credentials, no egress IP
+        endpoint(
+            "a3", pool=None, protocol="socks5", host="::1", username='ü"s\\er', password="p@ss:w/rd\n\t\x01"
+        ),
+        endpoint("a4", host="proxy.example", username=None, password=None, provider="café"),
+    ]
+    inventory.replace_all([*(inventory.get(f"default/p{i}") for i in range(3)), *odd])
+    inventory.set_health("default/a3", Health(state=HealthState.healthy, egress_ip="::2"))
+    inventory.set_health("default/a4", Health(state=HealthState.healthy))
     discovery = DiscoveryService(
-        inventory=healthy_inventory([f"p{i}" for i in range(5)]),
+        inventory=inventory,
         store=MemoryStore(),
         settings=DiscoverySettings(max_count=3),
         clock=FakeClock(),
@@ -56,10 +69,17 @@ def _request(body: Any = None, *, token: str | None = "t-lease", **extra: Any) -
     headers = {"X-Request-ID": "req-1", **JSON}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    headers.update(extra.pop("headers", {}))
+    more = extra.pop("headers", {})
+    if isinstance(more, list):  # repeated names: these replace the defaults of the same names
+        names = {name.lower() for name, _ in more}
+        headers = [(k, v) for k, v in headers.items() if k.lower() not in names] + more  # type: ignore[assignment]
+    else:
+        headers.update(more)
     content = extra.pop("content", None)
     if content is None and body is not None:
         content = json.dumps(body).encode()
+    if content is None:
+        content = json.dumps({"target": "z.example"}).encode()
     return {"headers": headers, "content": content, **extra}
 
 
@@ -100,7 +120,20 @@ REQUESTS = [
     _request(None, content=b'\xef\xbb\xbf{"count": 1}'),
     _request(None, content='{"target": "\u00e9.example"}'.encode()),
     _request(None, content=b'{"target": "f.example"} trailing'),
+    # what the middlewares in front of FastAPI decide, which the fast path now does itself
+    _request({"target": "g.example"}, headers={"X-Request-ID": "bad id!"}),  # made up instead
+    _request({"target": "g.example"}, headers={"X-Request-ID": ""}),
+    _request({"target": "h.example"}, headers=[("X-Request-ID", "first"), ("X-Request-ID", "last")]),
+    _request(None, content=b'{"target": "i.example"' + b" " * 70_000 + b"}"),  # valid, past max_body_bytes
+    _request(None, content=[b'{"target": ', b'"j.example"}']),  # chunked
+    _request(None, headers=[("Authorization", "Bearer t-lease"), ("Authorization", "Bearer wrong")]),
+    _request(None, headers=[("Authorization", "Bearer wrong"), ("Authorization", "Bearer t-lease")]),
 ]
+
+
+async def _chunks(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
 
 
 async def _answers(app: FastAPI) -> list[tuple[int, list[tuple[str, str]], bytes]]:
@@ -108,6 +141,8 @@ async def _answers(app: FastAPI) -> list[tuple[int, list[tuple[str, str]], bytes
     async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
         answers = []
         for request in REQUESTS:
+            if isinstance(request["content"], list):  # sent chunked, from a fresh iterator each time
+                request = {**request, "content": _chunks(request["content"])}
             response = await client.post("/v1/leases", **request)
             answers.append((response.status_code, sorted(response.headers.items()), response.content))
         return answers
@@ -115,6 +150,9 @@ async def _answers(app: FastAPI) -> list[tuple[int, list[tuple[str, str]], bytes
 
 def test_the_fast_path_answers_as_fastapi_does(monkeypatch: pytest.MonkeyPatch) -> None:
     served: list[int] = []
+    made_up = itertools.count()
+    for module in (middleware, fast_lease):  # the ids made up for requests without a valid one: in order
+        monkeypatch.setattr(module, "new_request_id", lambda: f"made-up-{next(made_up)}")
     serve = LeaseFastPath._serve
 
     async def counting(self: LeaseFastPath, *args: Any) -> None:
@@ -123,12 +161,16 @@ def test_the_fast_path_answers_as_fastapi_does(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(LeaseFastPath, "_serve", counting)
     fast = asyncio.run(_answers(_app(fast=True)))
+    made_up = itertools.count()
     slow = asyncio.run(_answers(_app(fast=False)))
     for request, got, want in zip(REQUESTS, fast, slow, strict=True):
         assert got == want, request
     statuses = [status for status, _, _ in slow]
-    assert {200, 401, 403, 422, 503} <= set(statuses)
-    assert len(served) == 15  # the well-formed, authorised ones; the rest went to FastAPI
+    written = b"".join(body for _, _, body in slow)
+    for odd in (b'"host":"::1"', b'"username":null', b'"pool":null', b'"egressIp":null'):
+        assert odd in written  # the odd proxies were leased
+    assert {200, 401, 403, 413, 422, 503} <= set(statuses)
+    assert len(served) == 19  # the well-formed, authorised ones; the rest went to FastAPI
 
 
 def test_the_fast_path_turns_itself_off_when_the_route_changes() -> None:
@@ -140,6 +182,8 @@ def test_the_fast_path_turns_itself_off_when_the_route_changes() -> None:
             endpoint=endpoint,
             body_model=LeaseBody,
             error_handlers={},
+            limit=1000,
+            pacer=Pacer(),
         )
 
     async def same(client: Any, ctx: Any, body: Any) -> Any: ...
@@ -164,3 +208,19 @@ def test_the_fast_path_turns_itself_off_when_the_route_changes() -> None:
     created.post("/v1/leases", status_code=201)(same)
     assert not fast_path(created, same).enabled
     assert fast_path(leases.router, leases.create_lease).enabled  # the real route, as create_app wires it
+
+
+def test_a_lease_the_fast_path_serves_lifts_the_client_s_pacing() -> None:
+    """As ClientPacing does for an answer that is not a refusal: the client's next request is not held."""
+    app = _app(fast=True)
+    pacer = next(m.kwargs["pacer"] for m in app.user_middleware if m.cls is LeaseFastPath)
+    pacer.answered("client-lease", 422, None)  # refused once: its next request would wait a spacing
+    assert pacer.paces("client-lease")
+
+    async def lease() -> int:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return (await client.post("/v1/leases", **_request({"target": "shop.example"}))).status_code
+
+    assert asyncio.run(lease()) == 200
+    assert not pacer.paces("client-lease")
