@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiClient
 
-import service.controller
+import service.first_pass
 from automation.engine import APPLIED_PROXIES_OUTPUT
 from service.kube.client import request_json
 from service.sources.kubernetes import FINALIZER
@@ -106,7 +106,7 @@ def test_a_stack_that_cannot_be_read_is_not_acted_on(
     read) is left alone while the other goes on: a Proxy of it deleted during the handover keeps its
     finalizer and its process until the stack reads again. Before, the read that failed for good counted
     as read, and the deleting Proxy, known to no stack, lost its finalizer with its process still running."""
-    monkeypatch.setattr(service.controller, "REREAD_SECONDS", 1.0, raising=False)
+    monkeypatch.setattr(service.first_pass, "REREAD_SECONDS", 1.0, raising=False)
     fleet.set_catalogue(["a", "b"])
     pa, pb, moved = free_port(), free_port(), free_port()
     fleet.create("pa", port=pa, provider="a")
