@@ -34,6 +34,7 @@ from tests.kube.apiserver import KubeApi
 class Restart:
     leading: float  # from the process start to the Lease held
     first_pass: float | None  # to the log's "first pass done" (every stack read, changes run)
+    lane: float | None  # to the log's "has a change: run before the rest is taken in" (the lane submitted)
     to_up: float  # the edit (made once the Lease is held) to its `up` started
     to_ready: float  # to Ready at the new port
     settled: float  # to the last write seen, from the start
@@ -57,7 +58,8 @@ def restart(kube: KubeApi, api: ApiClient, tmp: Path, seen: Seen) -> Restart:
         after = resource_versions(api)
         figures = Restart(
             leading=leading,
-            first_pass=_first_pass(svc),
+            first_pass=_logged(svc, "first pass done"),
+            lane=_logged(svc, "run before the rest is taken in"),
             to_up=to_up,
             to_ready=to_ready,
             settled=seen.last_write - svc.started,
@@ -70,10 +72,10 @@ def restart(kube: KubeApi, api: ApiClient, tmp: Path, seen: Seen) -> Restart:
     return figures
 
 
-def _first_pass(svc: Service) -> float | None:
-    """Seconds from the start to the controller's "first pass done" line (the log's local time)."""
+def _logged(svc: Service, text: str) -> float | None:
+    """Seconds from the start to the first log line holding `text` (the log's local time)."""
     for line in svc.log.read_text(errors="replace").splitlines():
-        if "first pass done" in line:
+        if text in line:
             stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
             return stamp.timestamp() - svc.wall
     return None
@@ -89,5 +91,7 @@ def report_restart(figures: Restart) -> None:
     )
     print(
         f"a change made as the Lease was taken (during the intake): up started after {figures.to_up:.2f} s, "
-        f"Ready at the new port after {figures.to_ready:.2f} s"
+        f"Ready at the new port after {figures.to_ready:.2f} s; its stack submitted ahead of the rest "
+        + (f"{figures.lane - figures.leading:.2f} s after the Lease" if figures.lane is not None else "never")
+        + " (a local stack's first run checks its processes with a preview --refresh before the up)"
     )
