@@ -103,6 +103,7 @@ class ClusterMode:
         self.credentials_writer = CredentialsWriter(api)
         # A new leader compares each status with the watched copy, not a GET per Proxy (the intake).
         self.status_writer = StatusWriter(api, self.status, self.ref, known=self.cluster_status.raw)
+        self.status.previous = self._previous_condition  # a new leader records no Event again for them
         self.status_writer.leading = lambda: self.leading
         self.events = EventRecorder(api, self.ref, instance=kube.identity)
         self.status.subscribe_events(self._event)
@@ -280,6 +281,14 @@ class ClusterMode:
                         self.status.seed_condition(obj.key, Condition.model_validate(raw))
             if obj.status.get("egressIP"):
                 self.status.set_egress(obj.key, str(obj.status["egressIP"]))
+
+    def _previous_condition(self, key: str, type_: str) -> Condition | None:
+        """The condition `type_` of the Proxy's status as the watch last read it (a previous leader's)."""
+        for raw in self.cluster_status.raw(key).get("conditions") or []:
+            if raw.get("type") == type_:
+                with contextlib.suppress(ValidationError):
+                    return Condition.model_validate(raw)
+        return None
 
     async def _follow(self) -> None:
         """The term ends. First, at once: no operation starts and nothing is written any more. Then the

@@ -62,6 +62,9 @@ class StatusBoard:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _listeners: list[Callable[[str], None]] = field(default_factory=list)
     _event_listeners: list[Callable[[Event], None]] = field(default_factory=list)
+    # A condition as another writer (a previous leader) left it in the cluster, by key and type: the first
+    # set_condition of a key's condition that agrees with it takes it over (see set_condition).
+    previous: Callable[[str, str], Condition | None] = lambda _key, _type: None
 
     def subscribe(self, listener: Callable[[str], None]) -> None:
         """Call `listener(key)` after every change of that key's status (a drop included)."""
@@ -131,7 +134,9 @@ class StatusBoard:
     def set_condition(
         self, key: str, *, type_: str, true: bool, reason: str, message: str = "", warning: bool = False
     ) -> bool:
-        """Set one condition; returns True (and records an event) only on a transition."""
+        """Set one condition; returns True (and records an event) only on a transition. A condition this
+        board does not hold yet that the cluster already shows alike (`previous`: a new leader taking over)
+        is no transition: it is taken with its transition time, and no event is recorded again."""
         wanted = "True" if true else "False"
         with self._lock:
             packed = self._status.get(key)
@@ -139,14 +144,24 @@ class StatusBoard:
             current = next((c for c in status.conditions if c.type == type_), None)
             if current and (current.status, current.reason, current.message) == (wanted, reason, message):
                 return False
+            earlier = self.previous(key, type_) if current is None else None
+            taken = earlier is not None and (earlier.status, earlier.reason, earlier.message) == (
+                wanted,
+                reason,
+                message,
+            )
             status.conditions = [c for c in status.conditions if c.type != type_]
             status.conditions.append(
-                Condition(
+                earlier
+                if taken and earlier is not None
+                else Condition(
                     type=type_, status=wanted, reason=reason, message=message, last_transition_time=self.now()
                 )
             )
             self._store(key, status)
         self._changed(key)
+        if taken:
+            return False
         self.event(key, reason=reason, message=message or f"{type_}={wanted}", warning=warning)
         return True
 
