@@ -189,9 +189,12 @@ class ClusterMode:
         if not synced:
             log.error("the first list of Proxies did not finish: %s", "; ".join(self.source.watch_errors()))
         election = asyncio.create_task(self.elector.run(stop), name="leader-election")
+        removals = -1
         try:
             while not stop.is_set():
-                self.cluster_status.keep_only(obj.key for obj in self.source.objects())
+                if self.source.cache.removals != removals:  # a pass over 10,000 took 50 ms of each second
+                    removals = self.source.cache.removals
+                    self.cluster_status.keep_only(obj.key for obj in self.source.objects())
                 if not self.leading:
                     await self.follow_inventory()
                 else:

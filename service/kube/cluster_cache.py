@@ -51,6 +51,7 @@ class ClusterCache:
         self._objects: dict[str, ProxyObject] = {}
         self._dirty: set[str] = set()
         self._fresh: set[str] = set()  # dirtied by a watch event (a change made now), not by a list or mark
+        self.removals = 0  # Proxies that left the copy so far: what keeps their followers' state goes too
         self._relisted = False
         self._catalogue_doc: Obj | None = None
         self._catalogue_dirty = False
@@ -194,6 +195,7 @@ class ClusterCache:
                         # Gone from a list: never a deletion. Forget the object; a tracked or passed-on
                         # proxy stays known (and is judged "not found", not deleted).
                         self._objects.pop(key)
+                        self.removals += 1
                         touched.append(key)
                 for key, obj in fresh.items():
                     if self._objects.get(key) != obj:
@@ -212,6 +214,7 @@ class ClusterCache:
         with self._lock:
             if kind == "DELETED":
                 self._objects.pop(obj.key, None)
+                self.removals += 1
                 self._dirty.add(obj.key)
             elif self._objects.get(obj.key) != obj:
                 previous = self._objects.get(obj.key)
