@@ -263,3 +263,29 @@ def test_a_change_made_while_the_rest_is_judged_takes_the_lane_too(
             await fleet.stop_all()
 
     asyncio.run(scenario())
+
+
+def test_the_watched_status_of_a_deleted_proxy_is_dropped(fleet: ClusterFleet) -> None:
+    """What a replica keeps of each Proxy's status (for a follower's view) is pruned once the Proxy leaves
+    the watched copy: pruned only then, since a pass over 10,000 every poll took 50 ms of each second."""
+    for name in ("kept", "gone"):
+        fleet.create(name, port=free_port(), provider="elsewhere")
+
+    async def scenario() -> None:
+        replica = await fleet.start("replica-a")
+        try:
+            status = replica.mode.cluster_status
+            key = f"{fleet.namespace}/gone"
+            await until(
+                lambda: status.raw(key).get("phase") == "Stalled", what="its status watched", within=60
+            )
+            # Its provider is unknown: only skip-cleanup lets it go (nothing of it can be removed).
+            fleet.edit("gone", {"metadata": {"annotations": {"crawl.example.com/skip-cleanup": "true"}}})
+            fleet.delete("gone")
+            await until(lambda: fleet.get("gone") is None, what="the Proxy gone", within=60)
+            await until(lambda: status.raw(key) == {}, what="its watched status dropped", within=30)
+            assert status.raw(f"{fleet.namespace}/kept").get("phase") == "Stalled"
+        finally:
+            await fleet.stop_all()
+
+    asyncio.run(scenario())
