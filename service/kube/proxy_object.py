@@ -1,7 +1,10 @@
 """What the service keeps of each watched Proxy object: compact, decoded on each read.
 
 The service watches 10,000 Proxies at once: each is kept as compact JSON text (a fifth of the size of the
-dicts) holding only the fields the service uses, made as each listed page or watch event is read.
+dicts) holding only the fields the service uses, made as each listed page or watch event is read. The body's
+text leaves out what the object keeps as fields anyway (apiVersion, kind, name, namespace, uid, generation)
+and empty labels and annotations: they are put back when the body is decoded (320 -> 125 characters for a
+plain Proxy, 2 MiB of a follower's 10,000).
 """
 
 from __future__ import annotations
@@ -34,11 +37,14 @@ class ProxyObject:
 
     `body` (metadata: name, namespace, labels, annotations, uid, generation, deletionTimestamp; and spec) and
     `status` are kept as compact JSON text, a fifth of the size of the dicts (the service watches 10,000
-    Proxies at once), and decoded on each read: every caller gets its own copy.
+    Proxies at once), and decoded on each read: every caller gets its own copy, equal to the body given
+    after a JSON round trip (keys sorted). The body's text leaves out each identity field equal to the
+    object's own (`_left_out` says which): compare bodies with `same_body`, not by their text.
     """
 
     __slots__ = (
         "_body",
+        "_left_out",
         "_status",
         "bare",
         "deleting",
@@ -67,7 +73,7 @@ class ProxyObject:
         self.namespace, self.name, self.uid = sys.intern(namespace), name, uid  # namespaces repeat
         self.generation, self.resource_version = generation, resource_version
         self.deleting, self.finalized, self.bare = deleting, finalized, bare
-        self._body = _pack(body)
+        self._body, self._left_out = _pack_body(body, self._identity())
         self._status = _pack(status) if status else ""
 
     @property
@@ -76,24 +82,34 @@ class ProxyObject:
 
     @property
     def body(self) -> Obj:
-        return dict(json.loads(self._body))
+        return _unpack_body(self._body, self._left_out, self._identity())
 
     @property
     def status(self) -> Obj:
         return dict(json.loads(self._status)) if self._status else {}
 
-    @property
-    def body_text(self) -> str:
-        """The kept body as its compact JSON text: equal texts, equal bodies (no decode)."""
-        return self._body
+    def same_body(self, other: ProxyObject) -> bool:
+        """Whether `other`'s body is the same as this one's (its sorted JSON text: what the whole text
+        compared before the body left parts out); decoded only when one left out what the other did not."""
+        if self._left_out != other._left_out:
+            return _pack(self.body) == _pack(other.body)
+        return self._body == other._body and self._left_values() == other._left_values()
 
     @property
     def annotations(self) -> dict[str, str]:
         return dict(self.body["metadata"].get("annotations") or {})
 
-    def reconciled_parts(self) -> tuple[str, bool, bool]:
-        """What a change must touch to matter to the control loop (our own status writes do not)."""
-        return (self._body, self.deleting, self.finalized)
+    def same_reconciled_parts(self, other: ProxyObject) -> bool:
+        """Whether a change to `other` touched nothing that matters to the control loop (our own status
+        writes do not)."""
+        return self.deleting == other.deleting and self.finalized == other.finalized and self.same_body(other)
+
+    def _identity(self) -> tuple[str, str, str, int]:
+        return (self.name, self.namespace, self.uid, self.generation)
+
+    def _left_values(self) -> tuple[object, ...]:
+        """The values of the identity fields its body left out (the rest left out are constants)."""
+        return tuple(v for bit, v in zip(_METADATA, self._identity(), strict=True) if self._left_out & bit)
 
     def _fields(self) -> tuple[object, ...]:
         return tuple(getattr(self, name) for name in self.__slots__)
@@ -111,6 +127,63 @@ class ProxyObject:
 
 def _pack(obj: Obj) -> str:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True)
+
+
+# What a body's text may leave out, one bit each (all under 256: Python shares those ints).
+_TYPE = 1  # apiVersion and kind, both this CRD's
+_METADATA = (2, 4, 8, 16)  # metadata's name, namespace, uid, generation: equal to the object's (and str, int)
+_IDENTITY = ("name", "namespace", "uid", "generation")
+_LABELS, _ANNOTATIONS = 32, 64  # empty
+_EMPTY = 128  # metadata itself, empty once the above are left out
+
+
+def _pack_body(body: Obj, identity: tuple[str, str, str, int]) -> tuple[str, int]:
+    """The body's compact JSON text without what the object keeps as fields, and which parts it left out."""
+    kept, left_out = dict(body), 0
+    if _is(kept.get("apiVersion"), API_VERSION) and _is(kept.get("kind"), KIND):
+        del kept["apiVersion"], kept["kind"]
+        left_out |= _TYPE
+    meta = kept.get("metadata")
+    if type(meta) is dict:
+        meta = dict(meta)
+        for bit, key, value in zip(_METADATA, _IDENTITY, identity, strict=True):
+            if key in meta and _is(meta[key], value):
+                del meta[key]
+                left_out |= bit
+        for bit, key in ((_LABELS, "labels"), (_ANNOTATIONS, "annotations")):
+            if type(meta.get(key)) is dict and not meta[key]:
+                del meta[key]
+                left_out |= bit
+        if meta:
+            kept["metadata"] = meta
+        else:
+            del kept["metadata"]
+            left_out |= _EMPTY
+    return _pack(kept), left_out
+
+
+def _is(value: object, kept: object) -> bool:
+    """Equal and of the same type (no bool for an int: JSON tells them apart)."""
+    return type(value) is type(kept) and value == kept
+
+
+def _unpack_body(text: str, left_out: int, identity: tuple[str, str, str, int]) -> Obj:
+    """The body `_pack_body` was given, after a JSON round trip: the parts left out put back, keys sorted."""
+    body: Obj = dict(json.loads(text))
+    if not left_out:
+        return body
+    if left_out & _TYPE:
+        body["apiVersion"], body["kind"] = API_VERSION, KIND
+    if left_out & ~_TYPE:
+        meta: Obj = {} if left_out & _EMPTY else body["metadata"]
+        for bit, key, value in zip(_METADATA, _IDENTITY, identity, strict=True):
+            if left_out & bit:
+                meta[key] = value
+        for bit, key in ((_LABELS, "labels"), (_ANNOTATIONS, "annotations")):
+            if left_out & bit:
+                meta[key] = {}
+        body["metadata"] = dict(sorted(meta.items()))
+    return dict(sorted(body.items()))
 
 
 def slim_proxy(obj: Obj) -> Obj:
