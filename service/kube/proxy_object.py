@@ -4,7 +4,7 @@ The service watches 10,000 Proxies at once: each is kept as compact JSON text (a
 dicts) holding only the fields the service uses, made as each listed page or watch event is read. The body's
 text leaves out what the object keeps as fields anyway (apiVersion, kind, name, namespace, uid, generation)
 and empty labels and annotations: they are put back when the body is decoded (320 -> 125 characters for a
-plain Proxy, 2 MiB of a follower's 10,000).
+plain Proxy: 1.8 MiB of a follower's 10,000).
 """
 
 from __future__ import annotations
@@ -131,7 +131,8 @@ def _pack(obj: Obj) -> str:
 
 # What a body's text may leave out, one bit each (all under 256: Python shares those ints).
 _TYPE = 1  # apiVersion and kind, both this CRD's
-_METADATA = (2, 4, 8, 16)  # metadata's name, namespace, uid, generation: equal to the object's (and str, int)
+_NAME, _NAMESPACE, _UID, _GENERATION = 2, 4, 8, 16  # metadata's: equal to the object's (and str, int)
+_METADATA = (_NAME, _NAMESPACE, _UID, _GENERATION)
 _IDENTITY = ("name", "namespace", "uid", "generation")
 _LABELS, _ANNOTATIONS = 32, 64  # empty
 _EMPTY = 128  # metadata itself, empty once the above are left out
@@ -168,20 +169,28 @@ def _is(value: object, kept: object) -> bool:
 
 
 def _unpack_body(text: str, left_out: int, identity: tuple[str, str, str, int]) -> Obj:
-    """The body `_pack_body` was given, after a JSON round trip: the parts left out put back, keys sorted."""
-    body: Obj = dict(json.loads(text))
+    """The body `_pack_body` was given, after a JSON round trip: the parts left out put back, keys sorted
+    (unrolled: a body is decoded on every read)."""
+    body: Obj = json.loads(text)
     if not left_out:
         return body
     if left_out & _TYPE:
         body["apiVersion"], body["kind"] = API_VERSION, KIND
     if left_out & ~_TYPE:
         meta: Obj = {} if left_out & _EMPTY else body["metadata"]
-        for bit, key, value in zip(_METADATA, _IDENTITY, identity, strict=True):
-            if left_out & bit:
-                meta[key] = value
-        for bit, key in ((_LABELS, "labels"), (_ANNOTATIONS, "annotations")):
-            if left_out & bit:
-                meta[key] = {}
+        name, namespace, uid, generation = identity
+        if left_out & _NAME:
+            meta["name"] = name
+        if left_out & _NAMESPACE:
+            meta["namespace"] = namespace
+        if left_out & _UID:
+            meta["uid"] = uid
+        if left_out & _GENERATION:
+            meta["generation"] = generation
+        if left_out & _LABELS:
+            meta["labels"] = {}
+        if left_out & _ANNOTATIONS:
+            meta["annotations"] = {}
         body["metadata"] = dict(sorted(meta.items()))
     return dict(sorted(body.items()))
 
