@@ -21,9 +21,30 @@ EXAMPLES = example_proxies()
 SHARED_MACHINE = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])  # no timings asserted
 TEXT = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-._/", min_size=1, max_size=20)
 LABELS = st.dictionaries(TEXT, st.text(max_size=20), max_size=3)
+CONDITION = st.fixed_dictionaries(
+    {"type": st.sampled_from(["Healthy", "Ready", "Stalled"]), "status": st.sampled_from(["True", "False"])},
+    optional={
+        "reason": st.sampled_from(["ProbeSucceeded", "ProbeFailed", "Reconciled"]),
+        "message": st.text(max_size=300),  # any text: a probe's error, in any script
+        "lastTransitionTime": st.just("2026-12-04T15:31:28.240721Z"),
+        "observedGeneration": st.integers(0, 2**40),
+    },
+)
 STATUS = st.fixed_dictionaries(
     {"address": st.fixed_dictionaries({"host": st.just("127.0.0.1"), "port": st.integers(1, 65535)})},
-    optional={"stack": TEXT, "egressIP": st.just("10.0.0.1"), "phase": st.just("Ready")},
+    optional={
+        "stack": TEXT,
+        "egressIP": st.just("10.0.0.1"),
+        "phase": st.just("Ready"),
+        "conditions": st.lists(CONDITION, max_size=3),
+    },
+)
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=12,
 )
 
 
@@ -186,3 +207,46 @@ def test_a_watched_change_touches_the_reconciled_parts_exactly_when_the_body_cha
     assert before.same_body(after) is not body_changed
     assert before.same_reconciled_parts(after) is not body_changed
     assert (before.body == after.body) is not body_changed
+
+
+def round_trip(obj: Any) -> Any:
+    return json.loads(json.dumps(obj, separators=(",", ":"), sort_keys=True))
+
+
+@SHARED_MACHINE
+@given(raw=raw_proxies())
+def test_the_watched_copy_gives_back_the_slim_status(raw: dict[str, Any]) -> None:
+    """The status is kept deflated: what it gives back is the slimmed status's JSON round trip, as before."""
+    obj = proxy_object(raw)
+    expected = round_trip(slim_proxy(raw)["status"])
+    assert obj.status == expected
+    assert in_order(obj.status) == in_order(expected)
+
+
+@SHARED_MACHINE
+@given(
+    first=st.dictionaries(st.text(max_size=8), JSON, max_size=4),
+    second=st.dictionaries(st.text(max_size=8), JSON, max_size=4),
+)
+def test_any_status_round_trips_and_two_copies_differ_exactly_when_their_statuses_do(
+    first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    """Any JSON a status may hold; the cluster cache tells a status change from none by the copies'
+    equality (a follower judges the Proxy again)."""
+    a = ProxyObject(**{**FIELDS, "status": first})
+    b = ProxyObject(**{**FIELDS, "status": second})
+    assert a.status == round_trip(first)
+    assert (a == b) is (json.dumps(first, sort_keys=True) == json.dumps(second, sort_keys=True))
+    assert a == ProxyObject(**{**FIELDS, "status": copy.deepcopy(first)})
+
+
+FIELDS: dict[str, Any] = {
+    "namespace": "ns",
+    "name": "p1",
+    "uid": "u1",
+    "generation": 1,
+    "resource_version": "7",
+    "deleting": False,
+    "finalized": True,
+    "body": {"spec": {"port": 1}},
+}
