@@ -134,7 +134,7 @@ def _pack(obj: Obj) -> str:
 
 # The words of a status as `_slim_status` keeps it, a Healthy condition's usual values last (nearest): a
 # preset dictionary for its deflated text. Changing it changes no meaning, only sizes (each process packs
-# and unpacks with its own). Raw deflate (no header or checksum: the JSON decode checks the text), level 1,
+# and unpacks with its own). Raw deflate (no header or checksum: the text never leaves the process), level 1,
 # memLevel 1 and a 1 KiB window (wbits 10: a match reaches back 760 bytes, into the dictionary; at 9 it
 # reaches 250): cheap to set up for 200-odd bytes.
 _STATUS_WORDS = (
