@@ -219,7 +219,7 @@ class ClusterCache:
             elif self._objects.get(obj.key) != obj:
                 previous = self._objects.get(obj.key)
                 self._objects[obj.key] = obj
-                dirtied = previous is None or previous.reconciled_parts() != obj.reconciled_parts()
+                dirtied = previous is None or not previous.same_reconciled_parts(obj)
                 if dirtied:
                     self._dirty.add(obj.key)
                     self._fresh.add(obj.key)

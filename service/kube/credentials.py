@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import sys
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -43,7 +44,7 @@ SUFFIX = "-proxy-credentials"
 MAX_NAME = 253  # a Secret's name is a DNS-1123 subdomain
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Credentials:
     host: str
     port: int
@@ -188,16 +189,16 @@ def slim_secret(obj: Obj) -> Obj:
     """Only the proxy's key and its parsed credentials are kept (None when the Secret is not readable)."""
     meta = obj.get("metadata") or {}
     key = f"{meta.get('namespace')}/{(meta.get('labels') or {}).get(PROXY_LABEL)}"
-    return {"key": key, "credentials": parse(obj.get("data") or {})}
+    return {"key": sys.intern(key), "credentials": parse(obj.get("data") or {})}  # the watched copy's key
 
 
 def parse(data: dict[str, str]) -> Credentials | None:
     try:
         fields = {k: base64.b64decode(v).decode() for k, v in data.items()}
-        return Credentials(
-            host=fields["host"],
+        return Credentials(  # hosts and protocols repeat over the fleet: kept once
+            host=sys.intern(fields["host"]),
             port=int(fields["port"]),
-            protocol=fields.get("protocol") or "http",
+            protocol=sys.intern(fields.get("protocol") or "http"),
             username=fields.get("username"),
             password=fields.get("password"),
             control=shared_control(fields.get("control")),

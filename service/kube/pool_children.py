@@ -26,6 +26,7 @@ from stacks.models import API_VERSION, POOL_KIND, Proxy, ProxyPool
 Obj = dict[str, Any]
 API_GROUP = API_VERSION.split("/", 1)[0]
 Owner = tuple[str, str]  # the controlling ProxyPool ownerReference: (name, uid)
+Judged = dict[str, tuple[ProxyObject, Member | None]]  # key -> (the last copy seen, its membership)
 PENDING_SECONDS = 120.0  # a created child no watch event showed by then is not counted any more
 
 
@@ -37,7 +38,7 @@ class ClusterChildren:
         self._pending: dict[str, tuple[Member, float]] = {}  # created, not in the cache yet: since when
         self._deleted: set[str] = set()  # DELETE sent, the cache not showing it deleting yet
         self._strangers: dict[str, Member] = {}  # carrying a pool's label, not owned by it
-        self._judged: dict[str, tuple[str, Member | None]] = {}  # key -> (the body judged, its membership)
+        self._judged: Judged = {}
         self.validated = 0  # bodies validated so far (tests)
 
     def refresh(
@@ -55,7 +56,7 @@ class ClusterChildren:
         live: dict[str, Member] = {}
         leaving: dict[str, Member] = {}
         strangers: dict[str, Member] = {}
-        judged: dict[str, tuple[str, Member | None]] = {}
+        judged: Judged = {}
         for obj in objects:
             member = self._member(obj, judged)
             if member is None:
@@ -80,13 +81,14 @@ class ClusterChildren:
         self._judged = judged
         return sorted(before - seen)
 
-    def _member(self, obj: ProxyObject, judged: dict[str, tuple[str, Member | None]]) -> Member | None:
+    def _member(self, obj: ProxyObject, judged: Judged) -> Member | None:
         """Its membership, validated again only when its body changed since the last refresh."""
-        body = obj.body_text
         known = self._judged.get(obj.key)
-        if known is None or known[0] != body:
+        if known is None or not known[0].same_body(obj):
             self.validated += 1
-            known = (body, _member(obj))
+            known = (obj, _member(obj))
+        elif known[0] is not obj:
+            known = (obj, known[1])  # the cache's copy: an older one is not kept alive here
         judged[obj.key] = known
         return known[1]
 

@@ -5,7 +5,10 @@ spec of tests/kube/cluster_fleet.py's `proxy_doc`, a leader's status: address, s
 are fed, one at a time as the watch feeds them, through the parts a follower keeps them in:
 - the watched copy (`proxy_object`: service/kube/cluster_cache.py's `_objects`);
 - the cluster's status for the follower's view (`ClusterStatus.observe`, service/status_view.py);
-- the inventory discovery serves (`ProxyEndpoint` + `Health`, as service/kube/follower.py judges them).
+- the inventory discovery serves (`ProxyEndpoint` + `Health`, as service/kube/follower.py judges them);
+- the credentials Secrets as the reader keeps them (`CredentialsReader`, service/kube/credentials.py: the
+  Secret follower_phase.py's leader writes for each, fed through its watch's slim and event), with the
+  watched copies' keys held meanwhile as the cluster cache holds them (the reader's keys are those strings).
 Each part is measured with tracemalloc (the bytes still allocated after the part took every Proxy, over
 the count) and the whole with the process's VmRSS. Asserts nothing; prints bytes per Proxy.
 `PYTHONPATH=$PWD .venv/bin/python tests/bench/bench_follower_state.py`
@@ -25,9 +28,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from kubernetes.client import ApiClient  # noqa: E402
+
 from service.inventory import Health, HealthState, Inventory  # noqa: E402
-from service.kube.credentials import followed_output  # noqa: E402
+from service.kube.credentials import Credentials, CredentialsReader, followed_output, secret_body  # noqa: E402
 from service.kube.proxy_object import ProxyObject, proxy_object  # noqa: E402
+from service.kube.refs import ProxyRef  # noqa: E402
 from service.reporter import endpoint_of  # noqa: E402
 from service.status_view import ClusterStatus  # noqa: E402
 from stacks.models import Proxy  # noqa: E402
@@ -102,9 +108,19 @@ def main() -> None:
         inventory.set_health(obj.key, Health(state=HealthState.healthy, egress_ip=obj.status["egressIP"]))
 
     measured("inventory (ProxyEndpoint + Health)", judge)
-    print(
-        f"VmRSS {vm_rss():.1f} MiB, {vm_rss() - start:.1f} MiB above the start ({len(objects)} objects kept)"
-    )
+    keys = {o.key: o for o in objects}  # as the cluster cache holds them (not measured: above)
+    watcher = CredentialsReader(ApiClient(), [NAMESPACE]).watchers[0]  # not started: fed here
+
+    def secret(doc: dict[str, Any]) -> None:
+        meta = doc["metadata"]
+        ref = ProxyRef(namespace=NAMESPACE, name=meta["name"], uid=meta["uid"], generation=1)
+        creds = Credentials(
+            host="127.0.0.1", port=doc["spec"]["port"], protocol="http", username="u", password="p"
+        )
+        watcher.on_event("ADDED", watcher.slim(secret_body(ref, creds)))
+
+    measured("credentials Secrets (CredentialsReader)", secret)
+    print(f"VmRSS {vm_rss():.1f} MiB, {vm_rss() - start:.1f} MiB above the start ({len(keys)} objects kept)")
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ def obj(proxy: Proxy, *, deleting: bool = False) -> ProxyObject:
     return ProxyObject(
         namespace=proxy.metadata.namespace,
         name=proxy.metadata.name,
-        uid=f"uid-{proxy.metadata.name}",
-        generation=1,
+        uid=proxy.metadata.uid or f"uid-{proxy.metadata.name}",
+        generation=proxy.metadata.generation or 1,
         resource_version="1",
         deleting=deleting,
         finalized=True,
@@ -135,3 +135,19 @@ def test_each_refresh_validates_only_the_bodies_that_changed() -> None:
     refresh(kids, [obj(one)])
     refresh(kids, [obj(one), obj(moved)])  # gone from the cache, then back: judged again
     assert kids.validated == 4
+
+
+def test_a_child_made_again_under_its_name_is_judged_again() -> None:
+    """Deleted and made again between two refreshes, with the same spec and labels: only its uid and
+    generation differ, which the watched copy keeps beside its body's text (not in it)."""
+    kids = ClusterChildren(clock=Clock())
+    first = child("eu-aaaaa")
+    first = first.model_copy(update={"metadata": first.metadata.model_copy(update={"uid": "u-1"})})
+    refresh(kids, [obj(first)])
+    again = first.model_copy(update={"metadata": first.metadata.model_copy(update={"uid": "u-2"})})
+    refresh(kids, [obj(again)])
+    assert kids.validated == 2
+    assert [m.proxy.metadata.uid for m in kids.members("crawl/eu")] == ["u-2"]
+    later = again.model_copy(update={"metadata": again.metadata.model_copy(update={"generation": 5})})
+    refresh(kids, [obj(later)])
+    assert [m.proxy.metadata.generation for m in kids.members("crawl/eu")] == [5]
