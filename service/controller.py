@@ -133,7 +133,7 @@ class Controller(FirstPass):
         """Poll until the source has judged every change, SLICE Proxies at a time, the event loop served
         between slices (a new term takes in 10,000); the stacks are submitted once, at the end."""
         if not isinstance(self.source, SlicedSource):
-            return self.sync(submit=submit)
+            return self.sync() if submit else self.sync(submit=False)
         dirty, more = self._sync(only=None, limit=SLICE, submit=False)
         while more:
             await asyncio.sleep(0)

@@ -24,7 +24,7 @@ from service.reporter import Reporter
 from service.sources.contract import Lane, SlicedSource, Source
 from stacks.models import Proxy
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("service.controller")  # the control loop's log, as before the split
 
 REREAD_SECONDS = 30.0  # a stack whose read failed for good is read again this often
 
