@@ -222,6 +222,7 @@ class ClusterCache:
                 dirtied = previous is None or not previous.same_reconciled_parts(obj)
                 if dirtied:
                     self._dirty.add(obj.key)
+                if previous is None or not previous.same_body(obj):  # not our finalizer: someone's change
                     self._fresh.add(obj.key)
         self.on_object(obj.key)
         if dirtied:  # not our own status writes: they change nothing to reconcile

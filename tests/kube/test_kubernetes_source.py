@@ -425,6 +425,8 @@ def test_the_lane_holds_the_changed_proxies_and_their_stacks_others(
     )
     poll_until(source, lambda seen: seen.catalogue is not None and len(seen.upserts) == 3)
     assert source.lane() is None, "an unchanged fleet has no lane"
+    wait_for(lambda: all(o.finalized for o in source.objects()))
+    assert source.cache.take_fresh() == set(), "our own finalizer writes are no one's change"
 
     merge(kube_client, path(namespace, "edited"), {"spec": {"port": 18999}})
     wait_for(lambda: source.lane() is not None)
