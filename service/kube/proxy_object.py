@@ -53,6 +53,7 @@ class ProxyObject:
         "deleting",
         "finalized",
         "generation",
+        "key",
         "name",
         "namespace",
         "resource_version",
@@ -74,14 +75,13 @@ class ProxyObject:
         bare: bool = False,  # carries no finalizer at all (ours is added without reading it again)
     ) -> None:
         self.namespace, self.name, self.uid = sys.intern(namespace), name, uid  # namespaces repeat
+        # One string per Proxy, as Proxy.key (the cache's dict holds the same): made once, not on each read
+        # (passes over 10,000 read it often).
+        self.key = sys.intern(f"{namespace}/{name}")
         self.generation, self.resource_version = generation, resource_version
         self.deleting, self.finalized, self.bare = deleting, finalized, bare
         self._body, self._left_out = _pack_body(body, self._identity())
         self._status = _deflate(_pack(status)) if status else b""
-
-    @property
-    def key(self) -> str:
-        return sys.intern(f"{self.namespace}/{self.name}")  # one string per Proxy, as Proxy.key
 
     @property
     def body(self) -> Obj:
