@@ -51,6 +51,7 @@ class ClusterCache:
         self._objects: dict[str, ProxyObject] = {}
         self._dirty: set[str] = set()
         self._fresh: set[str] = set()  # dirtied by a watch event (a change made now), not by a list or mark
+        self.fresh_wanted = False  # kept for the leader (KubernetesSource.urgent); a follower keeps none
         self.removals = 0  # Proxies that left the copy so far: what keeps their followers' state goes too
         self._relisted = False
         self._catalogue_doc: Obj | None = None
@@ -222,8 +223,8 @@ class ClusterCache:
                 dirtied = previous is None or not previous.same_reconciled_parts(obj)
                 if dirtied:
                     self._dirty.add(obj.key)
-                if previous is None or not previous.same_body(obj):  # not our finalizer: someone's change
-                    self._fresh.add(obj.key)
+                if self.fresh_wanted and (previous is None or not previous.same_body(obj)):
+                    self._fresh.add(obj.key)  # someone's change (not our finalizer)
         self.on_object(obj.key)
         if dirtied:  # not our own status writes: they change nothing to reconcile
             self.on_change()

@@ -73,6 +73,7 @@ class KubernetesSource:
         self.writes = writes  # the leader adds and removes finalizers; followers only read
         self.problems: list[Problem] = []
         self.cache = ClusterCache(api, settings)
+        self.cache.fresh_wanted = writes
         self.finalizers = FinalizerWriter(api, writes=lambda: self.writes)
         # The version last passed on (what the planner knows), packed: one per Proxy, 10,000 at once.
         self._emitted: dict[str, PackedProxy] = {}
@@ -138,8 +139,11 @@ class KubernetesSource:
     def set_writes(self, writes: bool) -> None:
         """Leading or not: a new leader adds the finalizers its predecessor may not have added yet."""
         self.writes = writes
+        self.cache.fresh_wanted = writes
         if writes:
             self.cache.mark()
+        else:
+            self.cache.take_fresh()  # a follower takes no lane
 
     # --- the Source contract ----------------------------------------------------------------------------
 

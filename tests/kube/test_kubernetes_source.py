@@ -132,6 +132,7 @@ def test_a_follower_reads_but_never_writes(kube_client, namespace, make_source) 
     poll_until(source, lambda c: bool(c.upserts))
     assert source.finalizers.idle(), "a follower queued a write"
     assert not request_json(kube_client, "GET", path(namespace, "p1"))["metadata"].get("finalizers")
+    assert source.cache.take_fresh() == set(), "a follower keeps no changes for a lane"
     source.set_writes(True)  # the same source leading: the next poll queues the finalizer, and it lands
     source.poll()
     wait_for(
