@@ -4,7 +4,7 @@ each Proxy's status as the leader wrote it to the cluster.
 In a cluster only the leader's board changes (it reconciles and probes); a follower's stays empty, so
 before this a follower answered `/v1/status` with nothing and its page showed no reasons. `ClusterStatus`
 keeps every watched Proxy's status as read (the watch's copy is slimmed to what the control loop needs):
-compressed JSON, 395 bytes a proxy (3.8 MiB for 10,000: tests/bench/bench_ui.py), packed on the watch
+JSON deflated with a shared dictionary (stacks/compact.py; 340 bytes a proxy in tests/bench/bench_leader_state.py), packed on the watch
 thread with no model decode (about 70 us each), and decoded only where it is read (a page's rows, one
 `/v1/status` call). `ReplicaStatus` reads the board or that copy by the replica's role, and tells its
 listeners about every key when the role changes (the page's index then reads the other side).
@@ -15,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
 
 from service.status import Event, StatusBoard, held_conditions
+from stacks.compact import STATUS_PACKER
 from stacks.models import Condition, ProxyStatus
 
 
@@ -39,7 +39,7 @@ class ClusterStatus:
         meta = raw.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         status = raw.get("status") or {}
-        packed = zlib.compress(json.dumps(status, separators=(",", ":")).encode(), 1) if status else None
+        packed = STATUS_PACKER.pack(json.dumps(status, separators=(",", ":")).encode()) if status else None
         with self._lock:
             if self._packed.get(key) == packed:
                 return
@@ -68,7 +68,7 @@ class ClusterStatus:
         status writer compares with instead of reading each Proxy again (service/kube/status_writer.py)."""
         with self._lock:
             packed = self._packed.get(key)
-        return dict(json.loads(zlib.decompress(packed))) if packed is not None else {}
+        return dict(json.loads(STATUS_PACKER.unpack(packed))) if packed is not None else {}
 
     # --- StatusReader ----------------------------------------------------------------------------------
 
@@ -81,7 +81,7 @@ class ClusterStatus:
         if packed is None:
             return None
         with contextlib.suppress(ValidationError, ValueError):  # written by another version: unread
-            return ProxyStatus.model_validate(json.loads(zlib.decompress(packed)))
+            return ProxyStatus.model_validate(json.loads(STATUS_PACKER.unpack(packed)))
         return None
 
     def get(self, key: str) -> ProxyStatus:

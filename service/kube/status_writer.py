@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,6 +35,7 @@ from service.kube.client import ApiException, request_json
 from service.kube.refs import Lookup, ProxyRef
 from service.kube.worker import Worker
 from service.status import StatusBoard
+from stacks.compact import STATUS_PACKER
 from stacks.models import ProxyStatus
 
 __all__ = ["StatusWriter", "merge_patch", "render"]
@@ -75,8 +75,7 @@ class StatusWriter(Worker):
         self.known, self.parallel = known, parallel
         self.writes = 0  # status writes sent (metrics, tests)
         self.reads = 0  # statuses read with a GET (no watched copy given)
-        # uid -> the status last written (or read) for it: compressed JSON, one per Proxy (a status repeats
-        # its messages in Ready and in the condition behind it: zlib keeps about a third)
+        # uid -> the status last written (or read) for it: deflated JSON, one per Proxy (stacks/compact.py)
         self._written: dict[str, bytes] = {}
         self._uids: dict[str, str] = {}  # key -> uid, to forget what was written for a dropped key
         self._dirty: dict[str, float] = {}  # key -> when last marked, in marking order (the last first)
@@ -183,7 +182,7 @@ class StatusWriter(Worker):
             return
         self._uids[key] = ref.uid
         packed = self._written.get(ref.uid)
-        base = self._base(ref) if packed is None else json.loads(zlib.decompress(packed))
+        base = self._base(ref) if packed is None else json.loads(STATUS_PACKER.unpack(packed))
         rendered = keep_history(keep_transition_times(render(status), base), base)
         if rendered != base:
             request_json(
@@ -196,7 +195,7 @@ class StatusWriter(Worker):
             )
             with self._cond:
                 self.writes += 1
-        self._written[ref.uid] = zlib.compress(json.dumps(rendered, separators=(",", ":")).encode(), 1)
+        self._written[ref.uid] = STATUS_PACKER.pack(json.dumps(rendered, separators=(",", ":")).encode())
 
     def _base(self, ref: ProxyRef) -> Json:
         """The status the object has: the watched copy when there is one, else read."""
