@@ -203,7 +203,7 @@ def main() -> None:  # noqa: PLR0915 (one pipeline, in the leader's order)
         for event in events:
             recorder._send(event)
     with measured("(the bench's own list of the board's events, dropped)", figures):
-        del events
+        events.clear()  # the listener keeps the list itself
     print(f"  total {sum(figures.values()):.0f} B/Proxy")
     print(f"VmRSS {vm_rss():.1f} MiB, {vm_rss() - start:.1f} MiB above the start")
     _ = (objects, emitted, planner, plans, board, inventory, reporter, writer, recorder, cluster)
