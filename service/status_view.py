@@ -1,13 +1,14 @@
 """The status a replica shows (the API's `/v1/status`, the fleet page): its own board while it leads, else
 each Proxy's status as the leader wrote it to the cluster.
 
-In a cluster only the leader's board changes (it reconciles and probes); a follower's stays empty, so
-before this a follower answered `/v1/status` with nothing and its page showed no reasons. `ClusterStatus`
-keeps every watched Proxy's status as read (the watch's copy is slimmed to what the control loop needs):
-JSON deflated with a shared dictionary (stacks/compact.py; 340 bytes a proxy in tests/bench/bench_leader_state.py), packed on the watch
-thread with no model decode (about 70 us each), and decoded only where it is read (a page's rows, one
-`/v1/status` call). `ReplicaStatus` reads the board or that copy by the replica's role, and tells its
-listeners about every key when the role changes (the page's index then reads the other side).
+In a cluster only the leader's board changes (it reconciles and probes); a follower's stays empty, so before
+this a follower answered `/v1/status` with nothing and its page showed no reasons. `ClusterStatus` keeps
+every watched Proxy's status as read (the watch's copy is slimmed to what the control loop needs): JSON
+deflated with a shared dictionary (stacks/compact.py; about 340 bytes a proxy in
+tests/bench/bench_leader_state.py), packed on the watch thread with no model decode, and decoded only where
+it is read (a page's rows, one `/v1/status` call). `ReplicaStatus` reads the board or that copy by the
+replica's role, and tells its listeners about every key when the role changes (the page's index then reads
+the other side).
 """
 
 from __future__ import annotations

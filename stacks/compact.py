@@ -50,7 +50,8 @@ _STATUS_WORDS = (
     '{"type":"Held","status":"True","status":"False","reason":"AsDeclared",'
     '"message":"the declared version is the one applied","lastTransitionTime":""},'
     '"reason":"InvalidSpec","reason":"Paused","reason":"InputChanged","reason":"NotProvisioned",'
-    '{"type":"Stalled","status":"True","reason":"UnknownProvider","message":"spec.provider: no provider named '
+    '{"type":"Stalled","status":"True","reason":"UnknownProvider",'
+    '"message":"spec.provider: no provider named '
     "'' in the catalogue (known: ): fix the name or add an entry to the catalogue\","
     '"lastTransitionTime":""},'
     '{"type":"Healthy","status":"True","reason":"ProbeSucceeded","reason":"ProbeFailed","message":"",'

@@ -28,10 +28,10 @@ import logging
 import os
 import sys
 import tracemalloc
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-import zlib
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ from stacks.models import PackedProxy, ProviderCatalogue, Proxy  # noqa: E402
 from tests.kube.cluster_fleet import proxy_doc  # noqa: E402
 
 try:
-    from stacks.compact import STATUS_PACKER  # noqa: E402
+    from stacks.compact import STATUS_PACKER
 
     _unpack = STATUS_PACKER.unpack
 except ImportError:  # a tree before stacks/compact.py: plain zlib
@@ -113,7 +113,7 @@ def measured(what: str, figures: dict[str, float]) -> Iterator[None]:
             print(f"      {stat.size / PROXIES:7.0f} B/Proxy  {stat.traceback}")
 
 
-def main() -> None:  # noqa: PLR0915 (one pipeline, in the leader's order)
+def main() -> None:
     logging.disable(logging.CRITICAL)  # each Stalled Proxy logs its event
     print(f"{PROXIES} Proxies ({'+'.join(CASES)}), bytes still allocated per Proxy (tracemalloc)")
     figures: dict[str, float] = {}
@@ -194,7 +194,9 @@ def main() -> None:  # noqa: PLR0915 (one pipeline, in the leader's order)
     with measured("cluster status view (the status as the watch reads it back)", figures):
         for key in board.tracked():
             obj = objects[key]
-            cluster.observe({"metadata": {"namespace": obj.namespace, "name": obj.name}, **_status(writer, key)})
+            cluster.observe(
+                {"metadata": {"namespace": obj.namespace, "name": obj.name}, **_status(writer, key)}
+            )
     names = iter(range(10**9))
     events_module.request_json = lambda *_a, **_k: {"metadata": {"name": f"e{next(names)}"}}  # type: ignore[assignment]
     recorder = EventRecorder(None, ref)  # type: ignore[arg-type]

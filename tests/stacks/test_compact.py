@@ -4,6 +4,7 @@ always packs to the same bytes (packed copies are compared for equality: the boa
 from __future__ import annotations
 
 import json
+import zlib
 from typing import Any
 
 import pytest
@@ -47,7 +48,12 @@ def test_a_status_packs_smaller_with_the_dictionary() -> None:
         {
             "phase": "Ready",
             "conditions": [
-                {"type": "Provisioned", "status": "True", "reason": "Provisioned", "message": "applied in stack a"},
+                {
+                    "type": "Provisioned",
+                    "status": "True",
+                    "reason": "Provisioned",
+                    "message": "applied in stack a",
+                },
                 {"type": "Stalled", "status": "False", "reason": "Reconciled", "message": ""},
             ],
             "stack": "a",
@@ -59,6 +65,10 @@ def test_a_status_packs_smaller_with_the_dictionary() -> None:
 
 def test_a_dictionary_must_match_to_unpack() -> None:
     """Packed text is only read back with its own dictionary (each packer's is fixed for the process)."""
-    packed = STATUS_PACKER.pack(b'{"phase":"Ready","conditions":[]}')
-    with pytest.raises(Exception):  # noqa: B017, PT011: zlib.error or garbled text, never the same bytes
-        assert PROXY_PACKER.unpack(packed) == b'{"phase":"Ready","conditions":[]}'
+    text = b'{"phase":"Ready","conditions":[]}'
+    packed = STATUS_PACKER.pack(text)
+    try:
+        read = PROXY_PACKER.unpack(packed)
+    except (zlib.error, ValueError):
+        return
+    assert read != text
