@@ -47,7 +47,7 @@ from service.kube.refs import ProxyRef  # noqa: E402
 from service.kube.status_writer import StatusWriter  # noqa: E402
 from service.reporter import Reporter  # noqa: E402
 from service.sources.contract import SourceChange  # noqa: E402
-from service.status import Event, StatusBoard  # noqa: E402
+from service.status import StatusBoard  # noqa: E402
 from service.status_view import ClusterStatus  # noqa: E402
 from stacks.models import PackedProxy, ProviderCatalogue, Proxy  # noqa: E402
 from tests.kube.cluster_fleet import proxy_doc  # noqa: E402
@@ -151,8 +151,17 @@ def main() -> None:
         status=board,
         leaving=lambda _key: False,
     )
-    events: list[Event] = []
-    board.subscribe_events(events.append)
+
+    def ref(key: str) -> ProxyRef | None:
+        obj = objects.get(key)
+        return None if obj is None else ProxyRef(obj.namespace, obj.name, obj.uid, obj.generation)
+
+    # The board's events go to the recorder's bounded queue (1,000, the oldest dropped), as in the service;
+    # its worker is not started: the recorder's phase sends what is queued then.
+    names = iter(range(10**9))
+    events_module.request_json = lambda *_a, **_k: {"metadata": {"name": f"e{next(names)}"}}  # type: ignore[assignment]
+    recorder = EventRecorder(None, ref)  # type: ignore[arg-type]
+    board.subscribe_events(recorder.record)
     with measured("status board + reporter (validity, up, applied)", figures):
         reporter.report_source_holds(SourceChange())
         for packed in emitted.values():
@@ -182,10 +191,6 @@ def main() -> None:
             inventory.set_health(endpoint.key, Health(state=HealthState.healthy, egress_ip="127.0.0.1"))
             board.set_condition(endpoint.key, type_="Healthy", true=True, reason="ProbeSucceeded")
 
-    def ref(key: str) -> ProxyRef | None:
-        obj = objects.get(key)
-        return None if obj is None else ProxyRef(obj.namespace, obj.name, obj.uid, obj.generation)
-
     writer_module.request_json = lambda *_a, **_k: {}  # type: ignore[assignment]  # no API server
     writer = StatusWriter(None, board, ref, known=cluster.raw)  # type: ignore[arg-type]
     with measured("status writer's last-written copy", figures):
@@ -197,15 +202,10 @@ def main() -> None:
             cluster.observe(
                 {"metadata": {"namespace": obj.namespace, "name": obj.name}, **_status(writer, key)}
             )
-    names = iter(range(10**9))
-    events_module.request_json = lambda *_a, **_k: {"metadata": {"name": f"e{next(names)}"}}  # type: ignore[assignment]
-    recorder = EventRecorder(None, ref)  # type: ignore[arg-type]
-    print(f"  ({len(events)} events recorded by the board)")
-    with measured("events recorder's per-object state", figures):
-        for event in events:
-            recorder._send(event)
-    with measured("(the bench's own list of the board's events, dropped)", figures):
-        events.clear()  # the listener keeps the list itself
+    print(f"  ({len(recorder._queue)} events queued, {recorder.dropped} dropped by the recorder's queue)")
+    with measured("events recorder's per-object state (the queue sent)", figures):
+        while recorder._queue:
+            recorder._send(recorder._queue.popleft())
     print(f"  total {sum(figures.values()):.0f} B/Proxy")
     print(f"VmRSS {vm_rss():.1f} MiB, {vm_rss() - start:.1f} MiB above the start")
     _ = (objects, emitted, planner, plans, board, inventory, reporter, writer, recorder, cluster)
