@@ -26,6 +26,12 @@ from stacks.compact import STATUS_PACKER
 from stacks.models import Condition, ProxyStatus
 
 
+def pack_status_json(status: dict[str, Any]) -> bytes:
+    """A status as plain JSON, packed (stacks/compact.py) with its keys sorted: the same content packs to
+    the same bytes whoever made it (the status writer, the watch's read of the API server's copy)."""
+    return STATUS_PACKER.pack(json.dumps(status, separators=(",", ":"), sort_keys=True).encode())
+
+
 class ClusterStatus:
     """Each Proxy's status as written in the cluster (a `StatusReader`; only the watch writes it)."""
 
@@ -33,6 +39,9 @@ class ClusterStatus:
         self._packed: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[str], None]] = []
+        # The leader's status writer holds what it last wrote, packed the same way: when the watch reads
+        # that back, the writer's copy is kept (`StatusWriter.shared`), not a second one of the same bytes.
+        self.share: Callable[[str, bytes], bytes] = lambda _key, packed: packed
 
     def observe(self, raw: dict[str, Any]) -> None:
         """A Proxy as listed or watched (a watch thread; a DELETED event's last copy too: `keep_only`
@@ -40,7 +49,7 @@ class ClusterStatus:
         meta = raw.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         status = raw.get("status") or {}
-        packed = STATUS_PACKER.pack(json.dumps(status, separators=(",", ":")).encode()) if status else None
+        packed = self.share(key, pack_status_json(status)) if status else None
         with self._lock:
             if self._packed.get(key) == packed:
                 return
@@ -63,6 +72,11 @@ class ClusterStatus:
     def _tell(self, key: str) -> None:
         for listener in self._listeners:
             listener(key)
+
+    def packed(self, key: str) -> bytes | None:
+        """The status as the watch last read it, packed (`pack_status_json`); None when it has none."""
+        with self._lock:
+            return self._packed.get(key)
 
     def raw(self, key: str) -> dict[str, Any]:
         """The status as the watch last read it, as plain JSON ({} when it has none): what a new leader's

@@ -193,6 +193,9 @@ def main() -> None:
 
     writer_module.request_json = lambda *_a, **_k: {}  # type: ignore[assignment]  # no API server
     writer = StatusWriter(None, board, ref, known=cluster.raw)  # type: ignore[arg-type]
+    if hasattr(writer, "shared"):  # joined as service/incluster.py joins them (a tree before: two copies)
+        writer.known_packed = cluster.packed
+        cluster.share = writer.shared
     with measured("status writer's last-written copy", figures):
         for key in board.tracked():
             writer._write(key)
