@@ -12,9 +12,9 @@ drops a proxy that was declared again while its deletion ran.
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
+from weakref import WeakValueDictionary
 
 from automation.errors import InvalidInputError, PermanentError, UnknownProviderError
 from automation.flat_names import FlatNameGroups
@@ -136,6 +136,10 @@ class Planner:
     _by_flat_name: FlatNameGroups = field(default_factory=FlatNameGroups)
     rejected: dict[str, PermanentError] = field(default_factory=dict)
     _views: dict[str, _StackView] = field(default_factory=dict)
+    # (kind, message, reason) -> the error `rejected` holds for each Proxy refused so (while one is)
+    _errors: WeakValueDictionary[tuple[type[PermanentError], str, str | None], PermanentError] = field(
+        default_factory=WeakValueDictionary
+    )
 
     # --- changes ----------------------------------------------------------------------------------------
 
@@ -341,7 +345,8 @@ class Planner:
         return proxy.provider
 
     def _validate(self, proxy: Proxy) -> None:
-        key = proxy.key
+        packed = self._proxies.get(proxy.key)
+        key = proxy.key if packed is None else packed.key  # the packed copy's string, not one more
         if is_deleting(proxy):
             self.rejected.pop(key, None)  # leaving: only the provider's existence matters (reconciler)
             return
@@ -353,12 +358,14 @@ class Planner:
             self.rejected.pop(key, None)
             self._last_good[key] = PlannedProxy(proxy=self._proxies[key], spec_hash=self._hashes[key])
             return
-        # Interned: one refusal (an unknown provider) is often the same text for thousands of Proxies.
-        message = sys.intern("; ".join(f"{p.path}: {p.message}" for p in problems))
+        message = "; ".join(f"{p.path}: {p.message}" for p in problems)
         unknown = self.catalogue.get(proxy.spec.provider) is None
-        error = (UnknownProviderError if unknown else InvalidInputError)(message)
-        if winner is not None and winner != key:
-            error.reason = Reason.NAME_COLLISION
+        kind = UnknownProviderError if unknown else InvalidInputError
+        reason = Reason.NAME_COLLISION if winner is not None and winner != key else None
+        # One refusal (an unknown provider) is often the same for thousands of Proxies: one error for all.
+        error = self._errors.get((kind, message, reason))
+        if error is None:
+            error = self._errors[(kind, message, reason)] = kind(message, reason=reason)
         self.rejected[key] = error
 
     def _flat_name_owner(self, proxy: Proxy) -> str | None:
