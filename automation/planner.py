@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from weakref import WeakValueDictionary
 
 from automation.errors import InvalidInputError, PermanentError, UnknownProviderError
+from automation.flat_names import FlatNameGroups
 from stacks.models import PackedProxy, ProviderCatalogue, ProviderEntry, Proxy
 from stacks.models.conditions import Reason
 from stacks.spec_hash import entry_hash_text, proxy_hash_fragment, proxy_spec_hash, stack_spec_hash_of
@@ -131,9 +133,13 @@ class Planner:
     _applied: set[str] = field(default_factory=set)  # keys some stack holds (outputs, or a planned up)
     _home: dict[str, str] = field(default_factory=dict)  # key -> the stack it is placed in
     _by_stack: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
-    _by_flat_name: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    _by_flat_name: FlatNameGroups = field(default_factory=FlatNameGroups)
     rejected: dict[str, PermanentError] = field(default_factory=dict)
     _views: dict[str, _StackView] = field(default_factory=dict)
+    # (kind, message, reason) -> the error `rejected` holds for each Proxy refused so (while one is)
+    _errors: WeakValueDictionary[tuple[type[PermanentError], str, str | None], PermanentError] = field(
+        default_factory=WeakValueDictionary
+    )
 
     # --- changes ----------------------------------------------------------------------------------------
 
@@ -152,11 +158,11 @@ class Planner:
         proxy is kept as given (a source's copy is shared, not made again)."""
         packed = given if isinstance(given, PackedProxy) else PackedProxy(given)
         proxy = given.proxy if isinstance(given, PackedProxy) else given
-        key = proxy.key
+        key = packed.key  # the packed copy's: one string per key, shared with the source
         self._proxies[key] = packed
         self._hashes[key] = proxy_spec_hash(proxy)
         dirty = self._settle(key, proxy)
-        self._by_flat_name[flat_name(proxy)].add(key)
+        self._by_flat_name.add(flat_name(proxy), key)
         return dirty | self._revalidate_group(flat_name(proxy), key)
 
     def release(self, proxy: Proxy) -> bool:
@@ -339,7 +345,8 @@ class Planner:
         return proxy.provider
 
     def _validate(self, proxy: Proxy) -> None:
-        key = proxy.key
+        packed = self._proxies.get(proxy.key)
+        key = proxy.key if packed is None else packed.key  # the packed copy's string, not one more
         if is_deleting(proxy):
             self.rejected.pop(key, None)  # leaving: only the provider's existence matters (reconciler)
             return
@@ -353,9 +360,12 @@ class Planner:
             return
         message = "; ".join(f"{p.path}: {p.message}" for p in problems)
         unknown = self.catalogue.get(proxy.spec.provider) is None
-        error = (UnknownProviderError if unknown else InvalidInputError)(message)
-        if winner is not None and winner != key:
-            error.reason = Reason.NAME_COLLISION
+        kind = UnknownProviderError if unknown else InvalidInputError
+        reason = Reason.NAME_COLLISION if winner is not None and winner != key else None
+        # One refusal (an unknown provider) is often the same for thousands of Proxies: one error for all.
+        error = self._errors.get((kind, message, reason))
+        if error is None:
+            error = self._errors[(kind, message, reason)] = kind(message, reason=reason)
         self.rejected[key] = error
 
     def _flat_name_owner(self, proxy: Proxy) -> str | None:
@@ -366,7 +376,7 @@ class Planner:
             return None
         group = [
             k
-            for k in self._by_flat_name.get(flat_name(proxy), set()) | {proxy.key}
+            for k in self._by_flat_name.get(flat_name(proxy)) | {proxy.key}
             if k in self._proxies and not self._proxies[k].deleting
         ]
         if len(group) < 2:
@@ -375,16 +385,15 @@ class Planner:
 
     def _revalidate_group(self, flat: str, key: str) -> set[str]:
         dirty: set[str] = set()
-        for other in sorted(self._by_flat_name.get(flat, set()) - {key}):
+        for other in sorted(self._by_flat_name.get(flat) - {key}):
             if other in self._proxies:
                 dirty |= self._settle(other)
         return dirty
 
     def _regroup(self, flat: str, key: str) -> set[str]:
-        group = self._by_flat_name.get(flat)
-        if group is None:
+        if flat not in self._by_flat_name:
             return set()
-        group.discard(key)
+        self._by_flat_name.discard(flat, key)
         return self._revalidate_group(flat, key)
 
 

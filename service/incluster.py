@@ -102,7 +102,14 @@ class ClusterMode:
         )
         self.credentials_writer = CredentialsWriter(api)
         # A new leader compares each status with the watched copy, not a GET per Proxy (the intake).
-        self.status_writer = StatusWriter(api, self.status, self.ref, known=self.cluster_status.raw)
+        self.status_writer = StatusWriter(
+            api,
+            self.status,
+            self.ref,
+            known=self.cluster_status.raw,
+            known_packed=self.cluster_status.packed,
+        )
+        self.cluster_status.share = self.status_writer.shared  # one copy of a status written and read back
         self.status.previous = self._previous_condition  # a new leader records no Event again for them
         self.status_writer.leading = lambda: self.leading
         self.events = EventRecorder(api, self.ref, instance=kube.identity)

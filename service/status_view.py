@@ -1,13 +1,14 @@
 """The status a replica shows (the API's `/v1/status`, the fleet page): its own board while it leads, else
 each Proxy's status as the leader wrote it to the cluster.
 
-In a cluster only the leader's board changes (it reconciles and probes); a follower's stays empty, so
-before this a follower answered `/v1/status` with nothing and its page showed no reasons. `ClusterStatus`
-keeps every watched Proxy's status as read (the watch's copy is slimmed to what the control loop needs):
-compressed JSON, 395 bytes a proxy (3.8 MiB for 10,000: tests/bench/bench_ui.py), packed on the watch
-thread with no model decode (about 70 us each), and decoded only where it is read (a page's rows, one
-`/v1/status` call). `ReplicaStatus` reads the board or that copy by the replica's role, and tells its
-listeners about every key when the role changes (the page's index then reads the other side).
+In a cluster only the leader's board changes (it reconciles and probes); a follower's stays empty, so before
+this a follower answered `/v1/status` with nothing and its page showed no reasons. `ClusterStatus` keeps
+every watched Proxy's status as read (the watch's copy is slimmed to what the control loop needs): JSON
+deflated with a shared dictionary (stacks/compact.py; about 340 bytes a proxy in
+tests/bench/bench_leader_state.py), packed on the watch thread with no model decode, and decoded only where
+it is read (a page's rows, one `/v1/status` call). `ReplicaStatus` reads the board or that copy by the
+replica's role, and tells its listeners about every key when the role changes (the page's index then reads
+the other side).
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError
 
 from service.status import Event, StatusBoard, held_conditions
+from stacks.compact import STATUS_PACKER
 from stacks.models import Condition, ProxyStatus
+
+
+def pack_status_json(status: dict[str, Any]) -> bytes:
+    """A status as plain JSON, packed (stacks/compact.py) with its keys sorted: the same content packs to
+    the same bytes whoever made it (the status writer, the watch's read of the API server's copy)."""
+    return STATUS_PACKER.pack(json.dumps(status, separators=(",", ":"), sort_keys=True).encode())
 
 
 class ClusterStatus:
@@ -32,6 +39,9 @@ class ClusterStatus:
         self._packed: dict[str, bytes] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[str], None]] = []
+        # The leader's status writer holds what it last wrote, packed the same way: when the watch reads
+        # that back, the writer's copy is kept (`StatusWriter.shared`), not a second one of the same bytes.
+        self.share: Callable[[str, bytes], bytes] = lambda _key, packed: packed
 
     def observe(self, raw: dict[str, Any]) -> None:
         """A Proxy as listed or watched (a watch thread; a DELETED event's last copy too: `keep_only`
@@ -39,7 +49,7 @@ class ClusterStatus:
         meta = raw.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         status = raw.get("status") or {}
-        packed = zlib.compress(json.dumps(status, separators=(",", ":")).encode(), 1) if status else None
+        packed = self.share(key, pack_status_json(status)) if status else None
         with self._lock:
             if self._packed.get(key) == packed:
                 return
@@ -63,12 +73,17 @@ class ClusterStatus:
         for listener in self._listeners:
             listener(key)
 
+    def packed(self, key: str) -> bytes | None:
+        """The status as the watch last read it, packed (`pack_status_json`); None when it has none."""
+        with self._lock:
+            return self._packed.get(key)
+
     def raw(self, key: str) -> dict[str, Any]:
         """The status as the watch last read it, as plain JSON ({} when it has none): what a new leader's
         status writer compares with instead of reading each Proxy again (service/kube/status_writer.py)."""
         with self._lock:
             packed = self._packed.get(key)
-        return dict(json.loads(zlib.decompress(packed))) if packed is not None else {}
+        return dict(json.loads(STATUS_PACKER.unpack(packed))) if packed is not None else {}
 
     # --- StatusReader ----------------------------------------------------------------------------------
 
@@ -81,7 +96,7 @@ class ClusterStatus:
         if packed is None:
             return None
         with contextlib.suppress(ValidationError, ValueError):  # written by another version: unread
-            return ProxyStatus.model_validate(json.loads(zlib.decompress(packed)))
+            return ProxyStatus.model_validate(json.loads(STATUS_PACKER.unpack(packed)))
         return None
 
     def get(self, key: str) -> ProxyStatus:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -36,6 +35,8 @@ from service.kube.client import ApiException, request_json
 from service.kube.refs import Lookup, ProxyRef
 from service.kube.worker import Worker
 from service.status import StatusBoard
+from service.status_view import pack_status_json
+from stacks.compact import STATUS_PACKER
 from stacks.models import ProxyStatus
 
 __all__ = ["StatusWriter", "merge_patch", "render"]
@@ -67,16 +68,17 @@ class StatusWriter(Worker):
         backoff: tuple[float, ...] = BACKOFF,
         monotonic: Callable[[], float] = time.monotonic,
         known: Known | None = None,
+        known_packed: Callable[[str], bytes | None] = lambda _key: None,
         parallel: int = PARALLEL,
     ) -> None:
         super().__init__()
         self.api, self.board, self.lookup = api, board, lookup
         self.backoff, self.monotonic = backoff, monotonic
         self.known, self.parallel = known, parallel
+        self.known_packed = known_packed  # the watched status packed as `_written` is: bytes shared
         self.writes = 0  # status writes sent (metrics, tests)
         self.reads = 0  # statuses read with a GET (no watched copy given)
-        # uid -> the status last written (or read) for it: compressed JSON, one per Proxy (a status repeats
-        # its messages in Ready and in the condition behind it: zlib keeps about a third)
+        # uid -> the status last written (or read) for it: deflated JSON, one per Proxy (stacks/compact.py)
         self._written: dict[str, bytes] = {}
         self._uids: dict[str, str] = {}  # key -> uid, to forget what was written for a dropped key
         self._dirty: dict[str, float] = {}  # key -> when last marked, in marking order (the last first)
@@ -183,7 +185,7 @@ class StatusWriter(Worker):
             return
         self._uids[key] = ref.uid
         packed = self._written.get(ref.uid)
-        base = self._base(ref) if packed is None else json.loads(zlib.decompress(packed))
+        base = self._base(ref) if packed is None else json.loads(STATUS_PACKER.unpack(packed))
         rendered = keep_history(keep_transition_times(render(status), base), base)
         if rendered != base:
             request_json(
@@ -196,7 +198,16 @@ class StatusWriter(Worker):
             )
             with self._cond:
                 self.writes += 1
-        self._written[ref.uid] = zlib.compress(json.dumps(rendered, separators=(",", ":")).encode(), 1)
+        packed = pack_status_json(rendered)
+        watched = self.known_packed(key)
+        self._written[ref.uid] = watched if watched == packed else packed  # one copy held for both
+
+    def shared(self, key: str, packed: bytes) -> bytes:
+        """`packed` (a status the watch read), or this writer's own copy when it is what the writer last
+        wrote for that key (the watch reading a write back): the caller keeps that one, not a second."""
+        uid = self._uids.get(key)
+        written = self._written.get(uid) if uid is not None else None
+        return written if written is not None and written == packed else packed
 
     def _base(self, ref: ProxyRef) -> Json:
         """The status the object has: the watched copy when there is one, else read."""

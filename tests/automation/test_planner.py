@@ -140,3 +140,26 @@ def test_an_applied_proxy_that_a_stricter_rule_refuses_blocks_its_stack_and_dele
         await controller.close(grace=1)
 
     asyncio.run(scenario())
+
+
+def test_the_same_refusal_is_one_error_for_every_proxy_refused_so() -> None:
+    """10,000 Proxies on an unknown provider hold one error between them; a different refusal (another
+    provider, a name collision) is its own, with its own reason."""
+    planner = Planner()
+    planner.set_catalogue(catalogue("local"))
+    for name in ("a", "b", "c"):
+        planner.upsert(proxy(name, provider="elsewhere"))
+    planner.upsert(proxy("d", provider="nowhere"))
+    planner.upsert(proxy("b-c", namespace="a"))
+    planner.upsert(proxy("c", namespace="a-b"))
+    a, b, c, d = (planner.rejected[f"crawl/{n}"] for n in "abcd")
+    assert a is b is c
+    assert (a.reason, d.reason) == ("UnknownProvider", "UnknownProvider")
+    assert d is not a
+    assert "nowhere" in d.message
+    assert "elsewhere" in a.message
+    assert planner.rejected["a/b-c"].reason == "NameCollision"
+    planner.upsert(proxy("a", provider="local"))  # fixed: the others stay refused as they were
+    assert "crawl/a" not in planner.rejected
+    assert planner.rejected["crawl/b"] is b
+    assert b.reason == "UnknownProvider"

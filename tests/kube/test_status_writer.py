@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -17,6 +18,8 @@ from service.kube.client import request_json
 from service.kube.refs import ProxyRef
 from service.kube.status_writer import StatusWriter, merge_patch, render
 from service.status import StatusBoard
+from service.status_view import pack_status_json
+from stacks.compact import STATUS_PACKER
 from stacks.models import Address
 from stacks.models.conditions import ConditionType, Operation, Reason
 from tests.kube.proxies import create_proxy, delete_proxy, namespace, read_proxy
@@ -282,3 +285,39 @@ def create_many(kube_api: Any, ns: str, count: int) -> list[ProxyRef]:
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_status_read_back_is_the_writers_copy(kube_client: ApiClient, ns: str) -> None:
+    """What the apiserver gives back of a status the writer wrote packs to the writer's own bytes
+    (`pack_status_json` sorts the keys), so the watch's copy can be that one (`StatusWriter.shared`); and a
+    new writer given the watched copy keeps that copy as what it last wrote."""
+    refs = {ref.key: ref for ref in (create_proxy(kube_client, ns, f"shared-{i}") for i in range(2))}
+    board = StatusBoard()
+    writer = writer_for(kube_client, board, refs)
+    try:
+        for ref in refs.values():
+            applied(board, ref)
+        assert writer.wait_idle(IDLE)
+        for key, ref in refs.items():
+            read_back = pack_status_json(read_proxy(kube_client, ref)["status"])
+            assert writer.shared(key, read_back) is writer._written[ref.uid]
+        key, ref = next(iter(refs.items()))
+        assert writer.shared(key, pack_status_json({"phase": "Other"})) is not writer._written[ref.uid]
+    finally:
+        writer.close()
+    watched = {key: pack_status_json(read_proxy(kube_client, ref)["status"]) for key, ref in refs.items()}
+    second = StatusWriter(
+        kube_client,
+        board,
+        refs.get,
+        known=lambda key: json.loads(STATUS_PACKER.unpack(watched[key])),
+        known_packed=watched.get,
+    )
+    second.start()
+    try:
+        assert second.wait_idle(IDLE)
+        assert second.writes == 0
+        for key, ref in refs.items():
+            assert second._written[ref.uid] is watched[key]
+    finally:
+        second.close()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from service.status import StatusBoard
-from service.status_view import ClusterStatus, ReplicaStatus
+from service.status_view import ClusterStatus, ReplicaStatus, pack_status_json
 
 
 def raw(name: str, *, phase: str, reason: str, spec_hash: str = "abc") -> dict[str, Any]:
@@ -61,3 +61,20 @@ def test_a_replica_reads_its_board_while_it_leads_and_the_cluster_otherwise() ->
     assert view.tracked() == ["crawl/z"]
     assert sorted(told[1:]) == ["crawl/a", "crawl/z"]  # every key reads differently now
     assert view.published("crawl/a") is None
+
+
+def test_a_status_read_back_keeps_one_copy_shared_with_its_writer() -> None:
+    """The leader's status writer and the watch's copy hold one packed copy of a status the writer wrote and
+    the watch read back (service/incluster.py joins them): the same content, whatever its key order."""
+    written: dict[str, bytes] = {}
+    cluster = ClusterStatus()
+    cluster.share = lambda key, packed: written[key] if written.get(key) == packed else packed
+    doc = raw("a", phase="Ready", reason="AsDeclared")
+    written["crawl/a"] = pack_status_json(dict(reversed(list(doc["status"].items()))))
+    cluster.observe(doc)
+    assert cluster.packed("crawl/a") is written["crawl/a"]
+    assert cluster.raw("crawl/a") == doc["status"]
+    other = raw("b", phase="Held", reason="DeletionHeld")
+    cluster.observe(other)  # not what was written: its own copy
+    assert cluster.packed("crawl/b") is not None
+    assert cluster.raw("crawl/b") == other["status"]

@@ -1,0 +1,224 @@
+"""Benchmark: what a leader keeps of each Proxy, part by part (issue 20, the Memory goal).
+
+The leader's counterpart of bench_follower_state.py. No API server: BENCH_PROXIES (10,000) Proxy objects
+(tests/kube/cluster_fleet.py's `proxy_doc`), half on a `local` provider of the catalogue (20 entries: 20
+stacks) and applied there (their stacks' `up` done: outputs, addresses, Provisioned, Healthy), half on a
+provider the catalogue lacks (Stalled with UnknownProvider, as bench_incluster's bulk), are fed through the
+parts a leader keeps them in, in the order the leader does:
+- the watched copy (`proxy_object`, service/kube/cluster_cache.py; another change shrinks it);
+- the cluster status view (`ClusterStatus`, the status writer's `known`), with the status as written;
+- the source's emitted copy (`KubernetesSource._emitted`: `PackedProxy`);
+- the planner (`Planner.upsert`, each stack planned and marked applied);
+- the status board and the reporter (`report_validity`; each stack's up: `operation_started`,
+  `operation_finished`, `stack_applied`), with the inventory's endpoints it publishes;
+- the health state (`Inventory.set_health`);
+- the status writer's last-written copy (`StatusWriter._write`, the PATCH not sent);
+- the events recorder's per-object state (`EventRecorder._send` of every event, the POST not sent).
+Each part is measured with tracemalloc (the bytes still allocated after the part took every Proxy, over
+the count), and the whole with the process's VmRSS. Asserts nothing; prints bytes per Proxy.
+`PYTHONPATH=$PWD .venv/bin/python tests/bench/bench_leader_state.py` (BENCH_CASE=stalled or applied: only
+those; both by default).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import sys
+import tracemalloc
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import service.kube.events as events_module  # noqa: E402
+import service.kube.status_writer as writer_module  # noqa: E402
+from automation.planner import Planner  # noqa: E402
+from service.inventory import Health, HealthState, Inventory  # noqa: E402
+from service.kube.events import EventRecorder  # noqa: E402
+from service.kube.proxy_object import proxy_object  # noqa: E402
+from service.kube.refs import ProxyRef  # noqa: E402
+from service.kube.status_writer import StatusWriter  # noqa: E402
+from service.reporter import Reporter  # noqa: E402
+from service.sources.contract import SourceChange  # noqa: E402
+from service.status import StatusBoard  # noqa: E402
+from service.status_view import ClusterStatus  # noqa: E402
+from stacks.models import PackedProxy, ProviderCatalogue, Proxy  # noqa: E402
+from tests.kube.cluster_fleet import proxy_doc  # noqa: E402
+
+try:
+    from stacks.compact import STATUS_PACKER
+
+    _unpack = STATUS_PACKER.unpack
+except ImportError:  # a tree before stacks/compact.py: plain zlib
+    _unpack = zlib.decompress
+
+PROXIES = int(os.environ.get("BENCH_PROXIES", "10000"))
+CASES = os.environ.get("BENCH_CASE", "stalled,applied").split(",")
+TOP = int(os.environ.get("BENCH_TOP", "0"))  # print each part's largest allocation sites
+STACKS = 20
+NAMESPACE = "bench"
+
+
+def valid(n: int) -> bool:
+    return "applied" in CASES and ("stalled" not in CASES or n % 2 == 0)
+
+
+def raw(n: int) -> dict[str, Any]:
+    """One Proxy as the watch reads it, with what the API server adds (no status yet)."""
+    provider = f"local-{n % STACKS:02d}" if valid(n) else "elsewhere"
+    doc = proxy_doc(NAMESPACE, f"p{n:05d}", port=20000 + n, provider=provider)
+    doc["metadata"].update(
+        uid=f"{n:08d}-0000-4000-8000-000000000000",
+        generation=1,
+        resourceVersion=str(100000 + n),
+        creationTimestamp="2026-12-03T00:00:00Z",
+        finalizers=["crawl.example.com/cleanup"],
+    )
+    return doc
+
+
+class FakeSource:
+    """What the reporter asks of the source (the catalogue; releases are not made here)."""
+
+    def __init__(self, catalogue: ProviderCatalogue) -> None:
+        self.catalogue = catalogue
+
+
+def vm_rss() -> float:
+    text = Path("/proc/self/status").read_text()
+    return next(int(line.split()[1]) for line in text.splitlines() if line.startswith("VmRSS")) / 1024
+
+
+@contextmanager
+def measured(what: str, figures: dict[str, float]) -> Iterator[None]:
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    yield
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    snapshot = tracemalloc.take_snapshot() if TOP else None
+    tracemalloc.stop()
+    figures[what] = (after - before) / PROXIES
+    print(f"  {what:60s} {(after - before) / PROXIES:8.0f} B/Proxy  {(after - before) / 2**20:6.1f} MiB")
+    if snapshot is not None:
+        for stat in snapshot.statistics("lineno")[:TOP]:
+            print(f"      {stat.size / PROXIES:7.0f} B/Proxy  {stat.traceback}")
+
+
+def main() -> None:
+    logging.disable(logging.CRITICAL)  # each Stalled Proxy logs its event
+    print(f"{PROXIES} Proxies ({'+'.join(CASES)}), bytes still allocated per Proxy (tracemalloc)")
+    figures: dict[str, float] = {}
+    catalogue = ProviderCatalogue.model_validate(
+        {"providers": [{"name": f"local-{i:02d}", "type": "local"} for i in range(STACKS)]}
+    )
+    start = vm_rss()
+    docs = [raw(n) for n in range(PROXIES)]  # what the watch read (dropped after each part's feed)
+    objects: dict[str, Any] = {}
+    with measured("watched copy (ProxyObject)", figures):
+        for doc in docs:
+            obj = proxy_object(doc)
+            objects[obj.key] = obj
+    del docs, doc
+    cluster = ClusterStatus()
+    emitted: dict[str, PackedProxy] = {}
+    with measured("source's emitted copy (PackedProxy)", figures):
+        for obj in objects.values():
+            packed = PackedProxy(Proxy.model_validate(obj.body))
+            emitted[packed.key] = packed
+    planner = Planner()
+    with measured("planner (upsert, plan, mark_applied)", figures):
+        dirty = planner.set_catalogue(catalogue)
+        for packed in emitted.values():
+            dirty |= planner.upsert(packed)
+        plans = {name: planner.plan(name) for name in sorted(dirty)}
+        for plan in plans.values():
+            if plan.entry is not None:
+                planner.mark_applied(plan)
+    board, inventory = StatusBoard(), Inventory()
+    reporter = Reporter(
+        planner=planner,
+        source=FakeSource(catalogue),  # type: ignore[arg-type]
+        inventory=Inventory(),
+        status=board,
+        leaving=lambda _key: False,
+    )
+
+    def ref(key: str) -> ProxyRef | None:
+        obj = objects.get(key)
+        return None if obj is None else ProxyRef(obj.namespace, obj.name, obj.uid, obj.generation)
+
+    # The board's events go to the recorder's bounded queue (1,000, the oldest dropped), as in the service;
+    # its worker is not started: the recorder's phase sends what is queued then.
+    names = iter(range(10**9))
+    events_module.request_json = lambda *_a, **_k: {"metadata": {"name": f"e{next(names)}"}}  # type: ignore[assignment]
+    recorder = EventRecorder(None, ref)  # type: ignore[arg-type]
+    board.subscribe_events(recorder.record)
+    with measured("status board + reporter (validity, up, applied)", figures):
+        reporter.report_source_holds(SourceChange())
+        for packed in emitted.values():
+            reporter.report_validity(packed.key, deleting=False, generation=packed.generation)
+        for plan in plans.values():
+            if plan.entry is None:
+                continue
+            outputs = {
+                "proxies": {
+                    p.key: {
+                        "host": "127.0.0.1",
+                        "port": p.proxy.spec.port,
+                        "protocol": "http",
+                        "control": f"/tmp/state/{plan.name}/{p.key.replace('/', '-')}.sock",
+                    }
+                    for p in plan.proxies
+                },
+                "credentials": {},
+            }
+            reporter.operation_started(plan, type_="up")
+            reporter.operation_finished(plan, type_="up")
+            reporter.stack_applied(plan, outputs=outputs, result=None)
+            del outputs
+    inventory = reporter.inventory
+    with measured("health state (Inventory.set_health)", figures):
+        for endpoint in inventory.endpoints():
+            inventory.set_health(endpoint.key, Health(state=HealthState.healthy, egress_ip="127.0.0.1"))
+            board.set_condition(endpoint.key, type_="Healthy", true=True, reason="ProbeSucceeded")
+
+    writer_module.request_json = lambda *_a, **_k: {}  # type: ignore[assignment]  # no API server
+    writer = StatusWriter(None, board, ref, known=cluster.raw)  # type: ignore[arg-type]
+    if hasattr(writer, "shared"):  # joined as service/incluster.py joins them (a tree before: two copies)
+        writer.known_packed = cluster.packed
+        cluster.share = writer.shared
+    with measured("status writer's last-written copy", figures):
+        for key in board.tracked():
+            writer._write(key)
+    with measured("cluster status view (the status as the watch reads it back)", figures):
+        for key in board.tracked():
+            obj = objects[key]
+            cluster.observe(
+                {"metadata": {"namespace": obj.namespace, "name": obj.name}, **_status(writer, key)}
+            )
+    print(f"  ({len(recorder._queue)} events queued, {recorder.dropped} dropped by the recorder's queue)")
+    with measured("events recorder's per-object state (the queue sent)", figures):
+        while recorder._queue:
+            recorder._send(recorder._queue.popleft())
+    print(f"  total {sum(figures.values()):.0f} B/Proxy")
+    print(f"VmRSS {vm_rss():.1f} MiB, {vm_rss() - start:.1f} MiB above the start")
+    _ = (objects, emitted, planner, plans, board, inventory, reporter, writer, recorder, cluster)
+
+
+def _status(writer: StatusWriter, key: str) -> dict[str, Any]:
+    """The status as written, as the watch reads it back (the API server's JSON: its keys sorted)."""
+    written = json.loads(_unpack(writer._written[writer._uids[key]]))
+    return {"status": json.loads(json.dumps(written, sort_keys=True))}
+
+
+if __name__ == "__main__":
+    main()
