@@ -128,7 +128,7 @@ def test_the_bench_daemons_come_from_debian_and_none_is_started(tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     assert "missing danted (Debian package dante-server)" in result.stdout
     calls = log.read_text().splitlines()
-    assert calls[2] == "install -y -qq --no-install-recommends dante-server tinyproxy"
+    assert calls[2] == "install -y -qq --no-install-recommends dante-server tinyproxy wrk"
     assert calls[3] == "policy 101"  # every service start refused while the packages install
     assert not policy.exists()  # and the policy gone after
 
