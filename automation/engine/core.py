@@ -152,11 +152,18 @@ class Engine:
         if not self.exists(name):
             return {component: [] for component in components}
         with self._operation(name, "forget", create=False) as (stack, _events):
-            deployment = stack.export_stack()
-            edited, forgotten = remove_components(dict(deployment.deployment or {}), components)
-            if any(forgotten.values()):
-                stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
-            return forgotten
+
+            def edit() -> dict[str, list[str]]:
+                # Read again after a recovered lock: its dead holder may have written state before dying.
+                deployment = stack.export_stack()
+                edited, forgotten = remove_components(dict(deployment.deployment or {}), components)
+                if any(forgotten.values()):
+                    stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
+                return forgotten
+
+            # The import takes the stack's lock: a dead holder's lock is recovered as for an `up`.
+            result: dict[str, list[str]] = self._retry_lock(stack, edit)
+            return result
 
     # --- inspection -----------------------------------------------------------------------------------
 

@@ -12,7 +12,10 @@ lock; SIGKILL after GRACE seconds) when:
   service writing a later one on the pipe (one number a line): the service is frozen (SIGSTOP, a stuck
   node) or its term could not be renewed, so another replica may soon take over the stack.
 
-SIGINT and SIGTERM sent to the watchdog are passed on to the CLI; the CLI gets PR_SET_PDEATHSIG(SIGKILL),
+SIGINT and SIGTERM sent to the watchdog are passed on to the CLI as one SIGINT, once: the CLI takes a second
+^C as "terminate immediately" (no clean cancel), and a term's end and a missed deadline can both come at
+once (a frozen replica thawed). What the CLI does not finish in GRACE seconds is killed, by the watchdog
+or by the service. The CLI gets PR_SET_PDEATHSIG(SIGKILL),
 so killing the watchdog kills it too. The exit status is the CLI's. This file imports nothing of the
 project (it starts with `-S -E`: 45 ms per call measured beside a CI run) and is started only by
 `automation.engine.command`.
@@ -43,7 +46,7 @@ def main(argv: list[str]) -> int:
     command = argv[argv.index("--") + 1 :]
     child = subprocess.Popen(command, preexec_fn=_die_with_parent, close_fds=True)
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda s, _f: _send(child, s))
+        signal.signal(signum, lambda _s, _f: _interrupt_once(child))
     pidfd = os.pidfd_open(child.pid)
     buffered = b""
     why = ""
@@ -73,13 +76,23 @@ def main(argv: list[str]) -> int:
 def _interrupt(child: subprocess.Popen[bytes], *, why: str, grace: float) -> int:
     sys.stderr.write(f"proxy-operator watchdog: interrupting pulumi (pid {child.pid}): {why}\n")
     sys.stderr.flush()
-    _send(child, signal.SIGINT)
+    _interrupt_once(child)
     try:
         return _exit_status(child.wait(grace))
     except subprocess.TimeoutExpired:
         sys.stderr.write(f"proxy-operator watchdog: pulumi (pid {child.pid}) outlived {grace:g} s: killed\n")
         child.kill()
         return _exit_status(child.wait())
+
+
+_interrupted = False
+
+
+def _interrupt_once(child: subprocess.Popen[bytes]) -> None:
+    global _interrupted
+    if not _interrupted:
+        _interrupted = True
+        _send(child, signal.SIGINT)
 
 
 def _send(child: subprocess.Popen[bytes], signum: int) -> None:

@@ -226,6 +226,30 @@ def test_stale_lock_of_a_killed_up_is_recovered(fleet: Fleet) -> None:
     asyncio.run(fleet.run(scenario))
 
 
+def test_skip_cleanup_behind_a_stale_lock_recovers_it_and_forgets(fleet: Fleet) -> None:
+    """The forget of a skip-cleanup deletion (export, edit, import) recovers a dead holder's lock as an
+    `up` does. Found by the faults campaign: an `up` killed at a handover left its lock, and the new
+    leader's forget failed on it forever (StackLocked on every retry; the Proxy stuck in Deleting)."""
+
+    async def scenario() -> None:
+        keep, other = free_port(), free_port()
+        fleet.write_proxy("keep", port=keep, annotations={"crawl.example.com/skip-cleanup": "true"})
+        fleet.write_proxy("other", port=other)
+        controller = await fleet.apply()
+        locks, victim_pid = await asyncio.to_thread(kill_up_holding_lock, controller.engine, "local")
+        assert json.loads(next(locks.rglob("*.json")).read_text())["pid"] == victim_pid
+
+        fleet.remove_proxy("keep")
+        await fleet.apply(controller)
+        assert controller.queue.status("local").last_error is None
+        assert not list(locks.rglob("*.json"))
+        assert components(controller, "local") == ["crawl/other"]
+        assert accepts(keep), "skip-cleanup must leave the real proxy running"
+        assert [e for e in controller.status.events("crawl/keep") if e.reason == "Forgotten"]
+
+    asyncio.run(fleet.run(scenario))
+
+
 def test_an_unusable_backend_at_start_is_reported_and_retried(
     pulumi_env: PulumiEnv, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

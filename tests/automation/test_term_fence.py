@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -99,6 +100,49 @@ def test_the_cli_is_interrupted_when_its_term_is_not_renewed(tmp_path: Path) -> 
         assert until_file(tmp_path / "marker") == "SIGINT"  # no renewal any more
         assert child.wait(10) == 130
         assert time.monotonic() - start >= 2.0
+    finally:
+        os.close(write)
+        child.kill()
+
+
+COUNTING_CLI = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    marker = sys.argv[1]
+    got = []
+    def note(signum, frame):  # a CLI cancelling cleanly: it takes its time, counting what else comes
+        got.append(signal.Signals(signum).name)
+    signal.signal(signal.SIGINT, note)
+    signal.signal(signal.SIGTERM, note)
+    open(marker + ".started", "w").write("")
+    while not got:
+        time.sleep(0.05)
+    time.sleep(1.5)
+    open(marker + ".tmp", "w").write(" ".join(got))
+    os.rename(marker + ".tmp", marker)
+    sys.exit(130)
+    """
+)
+
+
+def test_a_thawed_watchdog_interrupts_the_cli_once(tmp_path: Path) -> None:
+    """A replica thawed after SIGSTOP: its watchdog finds the deadline passed while the service ends the
+    term (SIGINT) and is stopped (SIGTERM). The CLI gets one SIGINT: a second ^C makes `pulumi` terminate
+    at once, without the clean cancel that releases its stack lock (the faults campaign's lock left by a
+    thawed leader's `up`)."""
+    script = tmp_path / "cli.py"
+    script.write_text(COUNTING_CLI)
+    read, write = os.pipe()
+    command = watchdog(read, time.monotonic() + 0.5, [sys.executable, str(script), str(tmp_path / "marker")])
+    child = subprocess.Popen(command, pass_fds=(read,))
+    os.close(read)
+    try:
+        until_file(tmp_path / "marker.started")
+        time.sleep(0.7)  # the deadline has passed: the watchdog interrupted
+        child.send_signal(signal.SIGINT)
+        child.send_signal(signal.SIGTERM)
+        assert until_file(tmp_path / "marker") == "SIGINT"
+        assert child.wait(10) == 130
     finally:
         os.close(write)
         child.kill()
