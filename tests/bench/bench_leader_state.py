@@ -50,7 +50,7 @@ from service.sources.contract import SourceChange  # noqa: E402
 from service.status import StatusBoard  # noqa: E402
 from service.status_view import ClusterStatus  # noqa: E402
 from stacks.models import PackedProxy, ProviderCatalogue, Proxy  # noqa: E402
-from tests.kube.cluster_fleet import proxy_doc  # noqa: E402
+from tests.bench.bench_follower_state import raw as follower_raw  # noqa: E402
 
 try:
     from stacks.compact import STATUS_PACKER
@@ -63,7 +63,6 @@ PROXIES = int(os.environ.get("BENCH_PROXIES", "10000"))
 CASES = os.environ.get("BENCH_CASE", "stalled,applied").split(",")
 TOP = int(os.environ.get("BENCH_TOP", "0"))  # print each part's largest allocation sites
 STACKS = 20
-NAMESPACE = "bench"
 
 
 def valid(n: int) -> bool:
@@ -71,16 +70,11 @@ def valid(n: int) -> bool:
 
 
 def raw(n: int) -> dict[str, Any]:
-    """One Proxy as the watch reads it, with what the API server adds (no status yet)."""
-    provider = f"local-{n % STACKS:02d}" if valid(n) else "elsewhere"
-    doc = proxy_doc(NAMESPACE, f"p{n:05d}", port=20000 + n, provider=provider)
-    doc["metadata"].update(
-        uid=f"{n:08d}-0000-4000-8000-000000000000",
-        generation=1,
-        resourceVersion=str(100000 + n),
-        creationTimestamp="2026-12-03T00:00:00Z",
-        finalizers=["crawl.example.com/cleanup"],
-    )
+    """One Proxy as the watch reads it (the follower bench's) on its provider, with no status yet and no
+    managedFields (the watched copy drops them anyway: the docs stay the ones this bench always fed)."""
+    doc = follower_raw(n)
+    doc["spec"]["provider"] = f"local-{n % STACKS:02d}" if valid(n) else "elsewhere"
+    del doc["status"], doc["metadata"]["managedFields"]
     return doc
 
 
