@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -164,9 +165,36 @@ def unreadable(backend: Path, stack: str) -> tuple[Path, str]:
     return checkpoint, saved
 
 
+@dataclass
+class Handover:
+    """The lane tests' fleet: the Proxy `pa` on the catalogue's one entry `a` at `port` (`moved`: a free port
+    to move it to), and 20 Proxies on a provider the catalogue lacks (Stalled)."""
+
+    fleet: ClusterFleet
+    port: int
+    moved: int
+
+    async def first_leader_settled(self) -> None:
+        """A first leader takes the fleet in (pa Ready), settles and stops: no leader is left."""
+        first = await self.fleet.start("replica-a")
+        await until(lambda: ready_at(self.fleet, "pa", self.port), what="pa Ready", within=180)
+        await until(lambda: settled(first), what="the first leader settles")
+        await first.stop()
+
+
+@pytest.fixture
+def handover(fleet: ClusterFleet) -> Handover:
+    fleet.set_catalogue(["a"])
+    port, moved = free_port(), free_port()
+    fleet.create("pa", port=port, provider="a")
+    for i in range(20):
+        fleet.create(f"u{i:03d}", port=20000 + i, provider="elsewhere")
+    return Handover(fleet=fleet, port=port, moved=moved)
+
+
 @pytest.mark.engine
 def test_a_change_made_during_the_handover_runs_before_the_rest_is_taken_in(
-    fleet: ClusterFleet, monkeypatch: pytest.MonkeyPatch
+    fleet: ClusterFleet, handover: Handover, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A new leader judges the fleet in slices, and first the few Proxies whose status does not describe
     their generation yet, with the other Proxies of their stacks (the lane): their stack is read and runs
@@ -174,18 +202,11 @@ def test_a_change_made_during_the_handover_runs_before_the_rest_is_taken_in(
     before, that `up` waited for the whole first pass, so the test never got there."""
     from service.controller import Controller
 
-    fleet.set_catalogue(["a"])
-    port, moved = free_port(), free_port()
-    fleet.create("pa", port=port, provider="a")
-    for i in range(20):
-        fleet.create(f"u{i:03d}", port=20000 + i, provider="elsewhere")
+    moved = handover.moved
 
     async def scenario() -> None:
-        first = await fleet.start("replica-a")
         try:
-            await until(lambda: ready_at(fleet, "pa", port), what="pa Ready", within=180)
-            await until(lambda: settled(first), what="the first leader settles")
-            await first.stop()
+            await handover.first_leader_settled()
             fleet.edit("pa", {"spec": {"port": moved}})  # during the handover: no leader
             await until(lambda: (fleet.get("pa") or {})["metadata"]["generation"] == 2, what="the edit")
 
@@ -214,7 +235,7 @@ def test_a_change_made_during_the_handover_runs_before_the_rest_is_taken_in(
 
 @pytest.mark.engine
 def test_a_change_made_while_the_rest_is_judged_takes_the_lane_too(
-    fleet: ClusterFleet, monkeypatch: pytest.MonkeyPatch
+    fleet: ClusterFleet, handover: Handover, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A change that a watch event brings while the new leader judges the bulk (slice by slice) is taken
     in ahead of what is left: between two slices the loop asks the source for the changes made meanwhile
@@ -223,19 +244,12 @@ def test_a_change_made_while_the_rest_is_judged_takes_the_lane_too(
     from service.controller import Controller
 
     monkeypatch.setattr(service.controller, "SLICE", 1)
-    fleet.set_catalogue(["a"])
-    port, moved = free_port(), free_port()
-    fleet.create("pa", port=port, provider="a")
-    for i in range(20):
-        fleet.create(f"u{i:03d}", port=20000 + i, provider="elsewhere")
+    moved = handover.moved
     key = f"{fleet.namespace}/pa"
 
     async def scenario() -> None:
-        first = await fleet.start("replica-a")
         try:
-            await until(lambda: ready_at(fleet, "pa", port), what="pa Ready", within=180)
-            await until(lambda: settled(first), what="the first leader settles")
-            await first.stop()
+            await handover.first_leader_settled()
 
             lanes: list[tuple[bool, frozenset[str]]] = []
             judge, take = Controller._sync_slices, Controller._take_lane
