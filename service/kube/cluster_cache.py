@@ -3,7 +3,8 @@
 Watch threads (`service.kube.watch`) keep a slim copy of every Proxy (`ProxyObject`), the catalogue
 ConfigMap and the labelled Secrets, and mark what changed; the source (`service.sources.kubernetes`) takes
 the marks at each poll (`take`) and judges what changed. Nothing here decides anything: a Proxy gone from a
-list is forgotten here and judged "not found" (never deleted) by the source.
+list is forgotten here and judged "not found" (never deleted) by the source. Once asked which Proxies a stack
+holds (`keys_in_stacks`, a leader's lane), the copy keeps an index of them by their status's stack.
 
 Secrets are watched by label (`crawl.example.com/credentials: "true"`) in the watched namespaces and the
 service's own, so the service needs no cluster-wide Secret access.
@@ -15,7 +16,7 @@ import base64
 import binascii
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from kubernetes.client import ApiClient
@@ -50,6 +51,9 @@ class ClusterCache:
         self._lock = threading.Lock()
         self._objects: dict[str, ProxyObject] = {}
         self._dirty: set[str] = set()
+        # stack -> the keys whose status names it: made at the first `keys_in_stacks` (a follower, asking
+        # none, keeps none: a set of 10,000 keys is half a MiB), then kept by `_put` and `_drop`.
+        self._by_stack: dict[str, set[str]] | None = None
         self._fresh: set[str] = set()  # dirtied by a watch event (a change made now), not by a list or mark
         self.fresh_wanted = False  # kept for the leader (KubernetesSource.urgent); a follower keeps none
         self.removals = 0  # Proxies that left the copy so far: what keeps their followers' state goes too
@@ -136,6 +140,15 @@ class ClusterCache:
         with self._lock:
             return list(self._objects.values())
 
+    def keys_in_stacks(self, stacks: Collection[str]) -> set[str]:
+        """The keys of the objects whose status's stack is one of `stacks`, without decoding any status."""
+        with self._lock:
+            if self._by_stack is None:
+                self._by_stack = {}
+                for obj in self._objects.values():
+                    self._index(obj)
+            return {key for stack in stacks for key in self._by_stack.get(stack, ())}
+
     def secret(self, ref: str) -> dict[str, str] | None:
         return self._secrets.get(ref)
 
@@ -195,12 +208,12 @@ class ClusterCache:
                     if (namespace is None or key.startswith(f"{namespace}/")) and key not in fresh:
                         # Gone from a list: never a deletion. Forget the object; a tracked or passed-on
                         # proxy stays known (and is judged "not found", not deleted).
-                        self._objects.pop(key)
+                        self._drop(key)
                         self.removals += 1
                         touched.append(key)
                 for key, obj in fresh.items():
                     if self._objects.get(key) != obj:
-                        self._objects[key] = obj
+                        self._put(obj)
                         self._dirty.add(key)
                         touched.append(key)
                 self._relisted = True
@@ -214,12 +227,11 @@ class ClusterCache:
         dirtied = True
         with self._lock:
             if kind == "DELETED":
-                self._objects.pop(obj.key, None)
+                self._drop(obj.key)
                 self.removals += 1
                 self._dirty.add(obj.key)
             elif self._objects.get(obj.key) != obj:
-                previous = self._objects.get(obj.key)
-                self._objects[obj.key] = obj
+                previous = self._put(obj)
                 dirtied = previous is None or not previous.same_reconciled_parts(obj)
                 if dirtied:
                     self._dirty.add(obj.key)
@@ -228,6 +240,34 @@ class ClusterCache:
         self.on_object(obj.key)
         if dirtied:  # not our own status writes: they change nothing to reconcile
             self.on_change()
+
+    def _put(self, obj: ProxyObject) -> ProxyObject | None:
+        """Keep `obj` in place of the object of its key (under the lock); returns the one it replaced."""
+        previous = self._objects.get(obj.key)
+        self._objects[obj.key] = obj
+        if previous is not None and previous.stack != obj.stack:
+            self._unindex(previous)
+        self._index(obj)
+        return previous
+
+    def _drop(self, key: str) -> None:
+        """Forget the object of `key`, if kept (under the lock)."""
+        obj = self._objects.pop(key, None)
+        if obj is not None:
+            self._unindex(obj)
+
+    def _index(self, obj: ProxyObject) -> None:
+        if self._by_stack is not None and obj.stack is not None:
+            self._by_stack.setdefault(obj.stack, set()).add(obj.key)
+
+    def _unindex(self, obj: ProxyObject) -> None:
+        if self._by_stack is None or obj.stack is None:
+            return
+        keys = self._by_stack.get(obj.stack)
+        if keys is not None:
+            keys.discard(obj.key)
+            if not keys:
+                del self._by_stack[obj.stack]
 
     def _catalogue_list(self, items: list[Obj]) -> None:
         with self._lock:

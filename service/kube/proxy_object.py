@@ -5,7 +5,9 @@ dicts) holding only the fields the service uses, made as each listed page or wat
 text leaves out what the object keeps as fields anyway (apiVersion, kind, name, namespace, uid, generation)
 and empty labels and annotations: they are put back when the body is decoded (320 -> 125 characters for a
 plain Proxy: 1.8 MiB of a follower's 10,000). The status, a few fixed words and values (`_slim_status`), is
-kept deflated with those words as a preset dictionary (224 characters -> 65 bytes for a Healthy one).
+kept deflated with those words as a preset dictionary (224 characters -> 65 bytes for a Healthy one); its
+stack and observed generation are kept apart too, so that a pass over the fleet reads them without inflating
+10,000 statuses.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class ProxyObject:
     (the service watches 10,000 Proxies at once), and decoded on each read: every caller gets its own
     copy, the body equal to the one given after a JSON round trip (keys sorted). The body's text leaves out
     each identity field equal to the object's own (`_left_out` says which): compare bodies with
-    `same_body`, not by their text.
+    `same_body`, not by their text. `stack` and `observed_generation` are the status's `stack` (interned)
+    and `observedGeneration`, None when absent or not of the type the CRD gives them (string, integer).
     """
 
     __slots__ = (
@@ -56,7 +59,9 @@ class ProxyObject:
         "key",
         "name",
         "namespace",
+        "observed_generation",
         "resource_version",
+        "stack",
         "uid",
     )
 
@@ -82,6 +87,9 @@ class ProxyObject:
         self.deleting, self.finalized, self.bare = deleting, finalized, bare
         self._body, self._left_out = _pack_body(body, self._identity())
         self._status = _deflate(_pack(status)) if status else b""
+        stack, observed = status.get("stack"), status.get("observedGeneration")
+        self.stack: str | None = sys.intern(stack) if type(stack) is str else None  # a few, 10,000 times
+        self.observed_generation: int | None = observed if type(observed) is int else None
 
     @property
     def body(self) -> Obj:

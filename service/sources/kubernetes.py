@@ -218,9 +218,7 @@ class KubernetesSource:
         objects = self.cache.objects()
         candidates = objects if among is None else [o for o in (self.cache.object(k) for k in among) if o]
         changed = [
-            obj
-            for obj in candidates
-            if not obj.deleting and obj.status.get("observedGeneration") != obj.generation
+            obj for obj in candidates if not obj.deleting and obj.observed_generation != obj.generation
         ]
         if not changed or len(changed) > most:
             return None
@@ -238,7 +236,7 @@ class KubernetesSource:
         if not stacks:
             return None
         # The stacks' other Proxies: unchanged ones say where they run (their status's stack).
-        keys |= {obj.key for obj in objects if obj.status.get("stack") in stacks}
+        keys |= self.cache.keys_in_stacks(stacks)
         return Lane(stacks=frozenset(stacks), keys=frozenset(keys))
 
     def track(self, proxies: Iterable[Proxy]) -> None:

@@ -6,6 +6,7 @@ No Pulumi here: the control loop's side is in test_incluster_engine.py.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from service.kube.client import ApiException, request_json
+from service.kube.proxy_object import ProxyObject
 from service.kube.settings import KubeSettings
 from service.sources.contract import SourceChange
 from service.sources.kubernetes import FINALIZER, PAUSED, RECONCILE_REQUESTED, KubernetesSource, proxy_object
@@ -397,34 +399,45 @@ def test_a_sliced_poll_judges_a_few_at_a_time_and_loses_none(kube_client, namesp
     assert not more
 
 
-def test_the_lane_holds_the_changed_proxies_and_their_stacks_others(
-    kube_client, namespace, make_source
-) -> None:
-    """What a new term takes in first: a Proxy whose generation its status does not describe yet, and the
-    Proxies whose status says they run in the same stack; not the unchanged rest, not a changed Proxy
-    whose flat name another shares, and no lane at all with more changes than `most` (a first intake)."""
+def in_stacks(
+    api: ApiClient, namespace: str, make_source: Callable[..., KubernetesSource], stacks: dict[str, str]
+) -> KubernetesSource:
+    """A Proxy per name of `stacks` on the provider named there (`local` or `other`), its status saying it
+    runs in that stack and describes its generation; a source that took them in (its first poll)."""
     catalogue = CATALOGUE + "  - name: other\n    type: local\n    bindAddress: 127.0.0.1\n"
     merge(
-        kube_client,
+        api,
         f"/api/v1/namespaces/{namespace}/configmaps/proxy-operator-providers",
         {"data": {"providers.yaml": catalogue}},
     )
-    for name, stack in (("same", "local"), ("elsewhere", "other"), ("edited", "local")):
+    for name, stack in stacks.items():
         doc = proxy_doc(namespace, name)
         doc["spec"]["provider"] = stack
-        created = create(kube_client, doc)
+        created = create(api, doc)
         merge(
-            kube_client,
+            api,
             path(namespace, name) + "/status",
             {"status": {"stack": stack, "observedGeneration": created["metadata"]["generation"]}},
         )
     source = make_source()
     wait_for(
         lambda: (
-            all(o.status.get("observedGeneration") for o in source.objects()) and len(source.objects()) == 3
+            all(o.status.get("observedGeneration") for o in source.objects())
+            and len(source.objects()) == len(stacks)
         )
     )
-    poll_until(source, lambda seen: seen.catalogue is not None and len(seen.upserts) == 3)
+    poll_until(source, lambda seen: seen.catalogue is not None and len(seen.upserts) == len(stacks))
+    return source
+
+
+def test_the_lane_holds_the_changed_proxies_and_their_stacks_others(
+    kube_client, namespace, make_source
+) -> None:
+    """What a new term takes in first: a Proxy whose generation its status does not describe yet, and the
+    Proxies whose status says they run in the same stack; not the unchanged rest, not a changed Proxy
+    whose flat name another shares, and no lane at all with more changes than `most` (a first intake)."""
+    stacks = {"same": "local", "elsewhere": "other", "edited": "local"}
+    source = in_stacks(kube_client, namespace, make_source, stacks)
     assert source.lane() is None, "an unchanged fleet has no lane"
     wait_for(lambda: all(o.finalized for o in source.objects()))
     assert source.cache.take_fresh() == set(), "our own finalizer writes are no one's change"
@@ -457,3 +470,32 @@ def test_the_lane_holds_the_changed_proxies_and_their_stacks_others(
         assert f"{twin_ns}/b" not in both_lane.keys
     finally:
         both.stop()
+
+
+def test_a_lane_decodes_no_status_outside_it(kube_client, namespace, make_source, monkeypatch) -> None:
+    """A lane, at a new term and at each urgent edit, finds the changed Proxies and their stacks' others
+    by the watched copy's fields and the cache's index by stack: it decodes the status of no Proxy outside
+    it (before, it decoded every Proxy's, twice: 10,000 at each urgent edit)."""
+    stacks = {f"l{i}": "local" for i in range(3)} | {f"o{i}": "other" for i in range(5)}
+    source = in_stacks(kube_client, namespace, make_source, stacks)
+    wait_for(lambda: all(o.finalized for o in source.objects()))
+    source.cache.take_fresh()
+    merge(kube_client, path(namespace, "l0"), {"spec": {"port": 18999}})
+    wait_for(lambda: getattr(source.object(f"{namespace}/l0"), "generation", 0) == 2)
+
+    decoded: list[str] = []
+    status = ProxyObject.__dict__["status"]  # the property
+
+    def counted(obj: ProxyObject) -> dict[str, Any]:
+        if threading.current_thread() is threading.main_thread():  # not the watch threads' reads
+            decoded.append(obj.key)
+        return status.fget(obj)
+
+    monkeypatch.setattr(ProxyObject, "status", property(counted))
+    urgent, lane = source.urgent(), source.lane()
+    monkeypatch.undo()
+    in_local = frozenset(f"{namespace}/l{i}" for i in range(3))
+    assert urgent is not None
+    assert lane is not None
+    assert (urgent.keys, lane.keys) == (in_local, in_local)
+    assert not set(decoded) - in_local, f"statuses decoded outside the lane: {sorted(set(decoded))}"
