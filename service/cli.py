@@ -14,6 +14,7 @@ from service.cli_stacks import preview_command, stacks_app
 from service.kube.client import KubeClientError, in_cluster
 from service.kube.settings import KubeSettings
 from service.logging_setup import configure_logging
+from service.memory import limit_arenas
 from service.runner import apply_once
 from service.serve import build_service, token_hint
 from service.serve import run as run_service
@@ -111,6 +112,7 @@ def serve(
 
     The mode: `--manifests` (a folder) always wins; else `--kubeconfig`, or a pod's ServiceAccount, picks
     the in-cluster mode (Proxy objects, leader election, status and events in the cluster)."""
+    limit_arenas()  # before any thread: see service/memory.py
     configure_logging(as_json=json_logs)
     settings = command_settings(state_dir=state_dir, listen_host=host, listen_port=port)
     with setup_errors():

@@ -105,6 +105,11 @@ class OperatorSettings(BaseSettings):
         ge=0,
         description="A proxy failing its probes has its stack refreshed at most this often per stack.",
     )
+    malloc_trim_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Free C heap pages go back to the system this often (glibc's malloc_trim); 0: off.",
+    )
     listen_host: str = Field("127.0.0.1", description="Address the API listens on.")
     listen_port: int = Field(
         8080, ge=0, le=65535, description="Port of the API; 0: any free port (probes use the bound one)."

@@ -39,6 +39,7 @@ from service.inventory import Inventory
 from service.kube.client import api_client
 from service.kube.settings import KubeSettings
 from service.loop_lag import LoopLag
+from service.memory import trim_periodically
 from service.pools.wiring import attach_discovery
 from service.runner import build_controller
 from service.supervise import Supervised
@@ -67,6 +68,7 @@ class Service:
     listener: socket.socket  # bound by build_service; uvicorn serves on it and closes it
     prober: Supervised  # the health engine's run, restarted if it ever fails
     lag: LoopLag | None = None  # the event loop's lag on /metrics (service/loop_lag.py)
+    trim_seconds: float = 0.0  # free C heap pages given back this often (service/memory.py); 0: never
 
     @property
     def port(self) -> int:
@@ -212,6 +214,7 @@ def _assemble(
         listener=listener,
         prober=prober,
         lag=LoopLag(registry),
+        trim_seconds=settings.malloc_trim_seconds,
     )
 
 
@@ -243,6 +246,7 @@ async def serve(service: Service) -> None:
         service.prober.run() if isinstance(service.controller, Controller) else stop.wait(), name="prober"
     )
     lag = asyncio.create_task(service.lag.run() if service.lag else stop.wait(), name="loop-lag")
+    trim = asyncio.create_task(trim_periodically(service.trim_seconds), name="malloc-trim")
     try:
         log.info("API served by uvicorn on %s", api_server.describe(service.server.config))
         await service.server.serve(sockets=[service.listener])
@@ -251,7 +255,8 @@ async def serve(service: Service) -> None:
         stop.set()
         prober.cancel()
         lag.cancel()
-        await asyncio.gather(prober, lag, return_exceptions=True)
+        trim.cancel()
+        await asyncio.gather(prober, lag, trim, return_exceptions=True)
         await control
         await service.controller.close()
         log.info("stopped cleanly")
