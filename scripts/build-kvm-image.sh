@@ -35,6 +35,7 @@ mirrors=(
 dpkg_excludes=('/usr/share/doc/*' '/usr/share/man/*' '/usr/share/info/*' '/usr/share/locale/*' '/usr/share/lintian/*')
 disk_mib=2048
 label=kvmroot
+rootfs_recipe=1  # part of the root filesystem's cache key: bump it when the mmdebstrap call changes
 
 say() { printf '[kvm-image] %s\n' "$*" >&2; }
 die() { printf '[kvm-image] error: %s\n' "$*" >&2; exit 1; }
@@ -47,13 +48,17 @@ done
 mbr="${PROXY_OPERATOR_SYSLINUX_DIR:-/usr/lib/syslinux}/mbr/mbr.bin"
 [ -e "$mbr" ] || die "missing $mbr: run  bash scripts/install-system-deps.sh kvm"
 
-recipe_hash() {  # recipe_hash PART...: the key of a cached step
-  { printf '%s\n' "$@"; cat "${BASH_SOURCE[0]}"; find "$here" -type f | sort | xargs cat; } | sha256sum | cut -c1-16
+hash_of() {  # hash_of FILE... -- PART...: a cache key from files' contents and words
+  local files=()
+  while [ "$1" != -- ]; do files+=("$1"); shift; done
+  shift
+  { printf '%s\n' "$@"; cat "${files[@]}"; } | sha256sum | cut -c1-16
 }
 
 rootfs() {  # prints the path of the root filesystem tarball, building it when missing
   local dir tar key opts=() pattern
-  key="$(recipe_hash rootfs "$suite" "${packages[@]}" "${mirrors[@]}" "${dpkg_excludes[@]}")"
+  # only what makes the tree: editing the variants' files does not rebuild it
+  key="$(hash_of "$here/customize-rootfs" -- "$rootfs_recipe" "$suite" "${packages[@]}" "${mirrors[@]}" "${dpkg_excludes[@]}")"
   dir="$base/kvm-image-rootfs-$key"
   tar="$dir/rootfs.tar"
   if [ -s "$tar" ] && [ -z "${PROXY_OPERATOR_KVM_IMAGE_REFRESH:-}" ]; then
@@ -107,7 +112,8 @@ assemble() {  # assemble TARBALL OUT: the bootable qcow2 of this variant
   qemu-img convert -c -O qcow2 "$work/disk.raw" "$out"
 }
 
-key="$(recipe_hash image "$variant")"
+mapfile -t recipe < <(find "$here" -type f | sort)
+key="$(hash_of "${BASH_SOURCE[0]}" "${recipe[@]}" -- "$variant")"
 dir="$base/kvm-image-$key"
 image="$dir/image.qcow2"
 mkdir -p "$base"

@@ -83,8 +83,8 @@ def _libvirt_config(target: Path) -> None:
         conf.write("\n# proxy-operator's test KVM host\n" + LIBVIRTD_CONF)
     with (target / "virtlogd.conf").open("a") as conf:
         conf.write("\n" + VIRTLOGD_CONF)
-    for autostart in target.glob("qemu/**/autostart/*"):  # the fixture starts what it defines itself
-        autostart.unlink()
+    for defined in [*target.glob("qemu/networks/**/*.xml"), *target.glob("storage/**/*.xml")]:
+        defined.unlink()  # the fixture defines and starts its own network and pool
 
 
 def keygen(path: Path, *, comment: str) -> None:
