@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -124,7 +125,7 @@ def wait_for_lease(libvirt: Any, domain: Any, host: KvmHost, *, timeout: float) 
 def proxy_status_line(host: KvmHost, address: str, port: int) -> str | None:
     """The first line the proxy answers to a request sent from inside the host's namespace, or None."""
     try:
-        return host.inside("python3", "-c", PROBE, address, str(port)).strip() or None
+        return host.inside(sys.executable, "-c", PROBE, address, str(port)).strip() or None
     except Exception:
         return None
 
