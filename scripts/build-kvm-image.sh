@@ -70,7 +70,7 @@ rootfs() {  # prints the path of the root filesystem tarball, building it when m
   for pattern in "${dpkg_excludes[@]}"; do opts+=("--dpkgopt=path-exclude=$pattern"); done
   say "building the root filesystem with mmdebstrap ($suite: ${packages[*]})"
   local started=$SECONDS
-  mmdebstrap --variant=apt --quiet --include="$(IFS=,; echo "${packages[*]}")" "${opts[@]}" \
+  mmdebstrap --variant=apt --format=tar --quiet --include="$(IFS=,; echo "${packages[*]}")" "${opts[@]}" \
     --customize-hook="bash '$here/customize-rootfs' \"\$1\" '$label'" \
     "$suite" "$tar.tmp" "${mirrors[@]}" >&2
   mv -f "$tar.tmp" "$tar"

@@ -188,7 +188,7 @@ class Daemons:
 
     def start_all(self) -> None:
         ns, files = self.host.namespace, self.host.files
-        ns.inside("mkdir", "-p", "/run/sshd", "/run/libvirt")
+        ns.inside("mkdir", "-p", "/run/sshd", "/run/libvirt", "/var/log/libvirt/qemu")
         virtlogd = self.run("virtlogd", "/usr/sbin/virtlogd")
         self.ready(virtlogd, lambda: ns.path("/run/libvirt/virtlogd-sock").exists())
         libvirtd = self.run("libvirtd", "/usr/sbin/libvirtd")
