@@ -122,6 +122,21 @@ def wait_for_lease(libvirt: Any, domain: Any, host: KvmHost, *, timeout: float) 
     raise GuestStalled(f"{domain.name()} got no DHCP lease within {timeout:.0f} s")
 
 
+def wait_for_agent(libvirt: Any, domain: Any, host: KvmHost, *, timeout: float) -> str:
+    """The guest agent's answer to `guest-ping` through libvirt (the channel the credentials take)."""
+    import libvirt_qemu
+
+    deadline = time.monotonic() + timeout
+    while True:
+        check_running(libvirt, domain, host)
+        try:
+            return str(libvirt_qemu.qemuAgentCommand(domain, '{"execute":"guest-ping"}', 5, 0))
+        except libvirt.libvirtError as exc:
+            if time.monotonic() > deadline:
+                raise GuestStalled(f"the guest agent of {domain.name()} does not answer: {exc}") from exc
+        time.sleep(1)
+
+
 def proxy_status_line(host: KvmHost, address: str, port: int) -> str | None:
     """The first line the proxy answers to a request sent from inside the host's namespace, or None."""
     try:

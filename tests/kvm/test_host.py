@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 from stacks.programs.proxy_config import ProxySettings, cloud_init_meta_data, cloud_init_user_data
-from tests.kvm.guests import cidata_iso, cow_volume, domain_xml, upload, wait_for_lease, wait_for_proxy
+from tests.kvm.guests import (
+    cidata_iso,
+    cow_volume,
+    domain_xml,
+    upload,
+    wait_for_agent,
+    wait_for_lease,
+    wait_for_proxy,
+)
 from tests.kvm.host import KvmHost
 from tests.kvm.host_config import keygen, known_hosts_line
 from tests.kvm.images import GuestImage
@@ -61,6 +69,7 @@ def _boot_and_remove(
             libvirt, domain, host, address=address, port=PROXY_PORT, timeout=PROXY_TIMEOUT[image.variant]
         )
         times["proxy"] = time.monotonic() - booted
+        assert wait_for_agent(libvirt, domain, host, timeout=30) == '{"return":{}}'
         times["qemu_rss_mib"] = qemu_rss_mib(host, name)
         say(f"{image.variant} guest {name}: lease {address} after {times['lease']:.1f} s, proxy port after "
             f"{times['proxy']:.1f} s ({line!r}); QEMU RSS {times['qemu_rss_mib']:.0f} MiB")  # fmt: skip
