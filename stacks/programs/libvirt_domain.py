@@ -1,0 +1,162 @@
+"""The proxy's VM on libvirt-python: define, autostart, start, wait for its address (`libvirt_guest`), and
+destroy + undefine on delete (its volumes are resources of their own, deleted after it).
+
+The domain is of the catalogue's `domainType` (`kvm`, or `qemu` where the host has no usable hardware
+virtualisation), boots the proxy's copy-on-write disk, reads the cidata ISO from an IDE cd-rom, sits on the
+host's libvirt network, and has a serial console (`virsh console`, also logged by virtlogd), the guest
+agent's channel (the credentials and an address take it) and a virtio RNG. Its id is its UUID, which the
+orphan finder matches; its description carries our marks (`stacks/marks.py`).
+
+A create that fails (paused, stopped, no address in time) removes the domain again: the engine records
+nothing, so nothing else would. `read` finds a domain removed by hand gone (refresh drops it, the next `up`
+makes it again) and a stopped one `running: false`, which the next `up` starts again (an update). Any change
+of what the VM is made of replaces it; a new description is set in place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from xml.sax.saxutils import escape, quoteattr
+
+import pulumi
+from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, ResourceProvider, UpdateResult
+
+from stacks.programs import dynamic_pickling
+from stacks.programs.libvirt_conn import connected, is_missing, libvirt_module
+from stacks.programs.libvirt_guest import wait_for_address
+from stacks.programs.libvirt_resource import compare, gone
+
+LEASE_TIMEOUT_SECONDS = 300
+REPLACE_ON = ("name", "domainType", "vcpus", "memoryMib", "diskPath", "diskSize", "cidataPath", "network")
+OUTPUTS = ("address", "uuid")
+MISSING = ("VIR_ERR_NO_DOMAIN",)
+
+
+def domain_xml(props: dict[str, Any]) -> str:
+    name = escape(props["name"])
+    return f"""<domain type={quoteattr(props["domainType"])}>
+  <name>{name}</name>
+  <description>{escape(props["description"])}</description>
+  <memory unit='MiB'>{int(props["memoryMib"])}</memory>
+  <vcpu>{int(props["vcpus"])}</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
+  <features><acpi/><apic/></features>
+  <on_poweroff>destroy</on_poweroff>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='qcow2'/><source file={quoteattr(props["diskPath"])}/>
+      <target dev='vda' bus='virtio'/>
+    </disk>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/><source file={quoteattr(props["cidataPath"])}/>
+      <target dev='hdc' bus='ide'/><readonly/>
+    </disk>
+    <interface type='network'>
+      <source network={quoteattr(props["network"])}/><model type='virtio'/>
+    </interface>
+    <serial type='pty'><target port='0'/><log file='/var/log/libvirt/qemu/{name}-console.log'/></serial>
+    <console type='pty'><target type='serial' port='0'/></console>
+    <channel type='unix'><target type='virtio' name='org.qemu.guest_agent.0'/></channel>
+    <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>
+  </devices>
+</domain>"""
+
+
+def _lookup(conn: Any, uuid: str) -> Any | None:
+    try:
+        return conn.lookupByUUIDString(uuid)
+    except Exception as exc:
+        if is_missing(exc, *MISSING):
+            return None
+        raise
+
+
+def remove(domain: Any) -> None:
+    if domain.isActive():
+        domain.destroy()
+    domain.undefine()
+
+
+def _start(domain: Any, props: dict[str, Any]) -> str:
+    domain.create()
+    return wait_for_address(
+        domain,
+        domain_type=props["domainType"],
+        timeout=float(props.get("leaseTimeout") or LEASE_TIMEOUT_SECONDS),
+    )
+
+
+def _define(conn: Any, props: dict[str, Any]) -> Any:
+    """A new domain; never a redefinition (libvirt would take a same-named domain's UUID and rewrite it)."""
+    try:
+        taken = conn.lookupByName(props["name"])
+    except Exception as exc:
+        if not is_missing(exc, *MISSING):
+            raise
+        return conn.defineXML(domain_xml(props))
+    raise RuntimeError(
+        f"a domain {props['name']} already exists on {props['uri']} (UUID {taken.UUIDString()}): a proxy "
+        "forgotten with skip-cleanup keeps its VM; remove that VM (virsh destroy + undefine) or rename the "
+        "Proxy"
+    )
+
+
+class DomainProvider(ResourceProvider):
+    def create(self, props: dict[str, Any]) -> CreateResult:
+        with connected(props["uri"], props["sshDir"]) as conn:
+            domain = _define(conn, props)
+            try:
+                domain.setAutostart(1)
+                address = _start(domain, props)
+            except BaseException:
+                remove(domain)
+                raise
+            uuid = domain.UUIDString()
+            return CreateResult(id_=uuid, outs={**props, "address": address, "uuid": uuid, "running": True})
+
+    def read(self, id_: str, props: dict[str, Any]) -> ReadResult:
+        with connected(props["uri"], props["sshDir"]) as conn:
+            domain = _lookup(conn, id_)
+            if domain is None:
+                return gone()
+            return ReadResult(id_=id_, outs={**props, "running": bool(domain.isActive())})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
+        return compare(olds, news, replace_on=REPLACE_ON, ignore=OUTPUTS)
+
+    def update(self, id_: str, olds: dict[str, Any], news: dict[str, Any]) -> UpdateResult:
+        outs = {**news, **{key: olds.get(key) for key in OUTPUTS}, "running": True}
+        with connected(news["uri"], news["sshDir"]) as conn:
+            domain = _lookup(conn, id_)
+            if domain is None:
+                raise RuntimeError(f"the domain {news['name']} ({id_}) is gone: run refresh, then up")
+            if olds.get("description") != news.get("description"):
+                libvirt = libvirt_module()
+                flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG
+                flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE if domain.isActive() else 0
+                domain.setMetadata(
+                    libvirt.VIR_DOMAIN_METADATA_DESCRIPTION, news["description"], None, None, flags
+                )
+            if not domain.isActive():
+                outs["address"] = _start(domain, news)
+        return UpdateResult(outs=outs)
+
+    def delete(self, id_: str, props: dict[str, Any]) -> None:
+        with connected(props["uri"], props["sshDir"]) as conn:
+            domain = _lookup(conn, id_)
+            if domain is not None:
+                remove(domain)
+
+
+class LibvirtDomain(Resource, module="proxy-operator", name="LibvirtDomain"):
+    """A proxy's VM; `address` is its IPv4 address once it booted, `uuid` its libvirt UUID (also the id)."""
+
+    address: pulumi.Output[str]
+    uuid: pulumi.Output[str]
+
+    def __init__(self, name: str, props: dict[str, Any], opts: pulumi.ResourceOptions | None = None) -> None:
+        """`props`: uri, sshDir, name, description, domainType, vcpus, memoryMib, diskPath, diskSize,
+        cidataPath, network, leaseTimeout."""
+        outputs = {key: None for key in OUTPUTS}
+        super().__init__(DomainProvider(), name, {**props, **outputs, "running": True}, opts)
+        dynamic_pickling.unstack()
