@@ -1,7 +1,7 @@
 # proxy-operator's image: the service, its Pulumi program and virtual environment, and the Pulumi tools.
 #
 #   docker build -t proxy-operator:0.1.0 .                        # the official Pulumi releases are downloaded
-#   docker build --build-arg PLUGINS="kubernetes gcp libvirt" .   # the plugins your catalogue uses
+#   docker build --build-arg PLUGINS="kubernetes gcp" .   # the plugins your catalogue uses (kvm needs none)
 #
 # Without a registry or get.pulumi.com (as on this project's build machines) `make image` builds it from the
 # same file: a base made from Debian's packages (BASE_IMAGE) and the CLI and plugins from .tools/bin given as
@@ -17,14 +17,14 @@
 ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
 # --- the Pulumi CLI and provider plugins: the official releases of the versions the SDKs pin ----------------
-# Keep these equal to requirements.lock (pulumi, pulumi_kubernetes, pulumi_gcp, pulumi_libvirt);
+# Keep these equal to requirements.lock (pulumi, pulumi_kubernetes, pulumi_gcp);
 # tests/test_dockerfile.py checks it.
 FROM ${BASE_IMAGE} AS pulumi-tools
 ARG PULUMI_VERSION=3.260.0
 ARG PULUMI_KUBERNETES_VERSION=4.25.0
 ARG PULUMI_GCP_VERSION=10.2.0
-ARG PULUMI_LIBVIRT_VERSION=0.5.4
-# Provider plugins to bake in, by Pulumi package name: the types your catalogue uses (kvm -> libvirt).
+# Provider plugins to bake in, by Pulumi package name: the types your catalogue uses (kvm needs none: its
+# resources are dynamic providers on libvirt-python, stacks/programs/libvirt_*.py).
 ARG PLUGINS="kubernetes"
 ARG TARGETARCH
 # Only `pulumi` from the CLI bundle: the language host and the dynamic-provider launcher are the package's own

@@ -22,7 +22,12 @@ from automation.engine import Engine, StackInfo
 MASK = "[secret]"
 PROVIDER_CONFIG = "proxy-operator:provider"
 # Resource type prefixes -> provider type, when the state does not carry the catalogue entry.
-TYPE_PREFIXES = {"kubernetes:": "kubernetes", "gcp:": "gcp", "libvirt:": "kvm"}
+TYPE_PREFIXES = {
+    "kubernetes:": "kubernetes",
+    "gcp:": "gcp",
+    "libvirt:": "kvm",  # pulumi-libvirt, in stacks made before the kvm program's own providers
+    "pulumi-python:dynamic/proxy-operator:Libvirt": "kvm",
+}
 
 
 class StackNotFoundError(KeyError):

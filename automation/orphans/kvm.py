@@ -20,7 +20,9 @@ from stacks.kvm_ssh import ssh_argv, ssh_destination
 from stacks.marks import carries_installation
 from stacks.models import KvmProvider
 
-DOMAIN_TYPE = "libvirt:index/domain:Domain"
+# The kvm program's domain resource (stacks/programs/libvirt_domain.py), and pulumi-libvirt's in stacks made
+# before it (docs/decisions.md): both keep the domain's UUID as the resource id.
+DOMAIN_TYPES = ("pulumi-python:dynamic/proxy-operator:LibvirtDomain", "libvirt:index/domain:Domain")
 SSH_TIMEOUT_SECONDS = 120
 
 Runner = Callable[[Sequence[str], str], "subprocess.CompletedProcess[str]"]
@@ -109,7 +111,8 @@ def kvm_orphans(
     return [
         Orphan(provider, "domain", d.uuid, f"domain {d.name} on {d.host}", name=d.name, location=d.host)
         for d in domains
-        if carries_installation(d.description, installation) and (DOMAIN_TYPE, d.uuid) not in known
+        if carries_installation(d.description, installation)
+        and not any((kind, d.uuid) in known for kind in DOMAIN_TYPES)
     ]
 
 

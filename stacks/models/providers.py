@@ -80,6 +80,11 @@ class KvmProvider(ProviderBase):
     base_image: str = Field(
         default=DEFAULT_KVM_BASE_IMAGE, min_length=1, description="Cloud image URL or path."
     )
+    domain_type: Literal["kvm", "qemu"] = Field(
+        default="kvm",
+        description="libvirt domain type: kvm (hardware virtualisation) or qemu (software emulation, TCG) "
+        "for hosts whose /dev/kvm cannot run the guests.",
+    )
 
     @model_validator(mode="after")
     def _unique_hosts_and_defaults(self) -> KvmProvider:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from automation.orphans.kvm import DOMAIN_TYPE, KvmHosts, delete_kvm, kvm_orphans
+from automation.orphans.kvm import DOMAIN_TYPES, KvmHosts, delete_kvm, kvm_orphans
 from stacks.models import KvmProvider
 
 # Three domains: ours (this installation), ours of another installation, and one of someone else.
@@ -62,9 +62,10 @@ def test_lists_this_installations_domains_that_no_state_holds_and_deletes_one(fa
     assert [d.name for d in domains] == ["px-crawl-a", "px-crawl-b", "px-other", "webserver"]
     assert shell.argv[-3:] == ["virt@hv1.lan", "sh", "-s"]
 
-    [orphan] = kvm_orphans(
-        domains, provider="kvm-home", installation="install-1", known={(DOMAIN_TYPE, "uuid-b")}
-    )
+    for kind in DOMAIN_TYPES:  # the kvm program's domains, and pulumi-libvirt's in stacks made before
+        [orphan] = kvm_orphans(
+            domains, provider="kvm-home", installation="install-1", known={(kind, "uuid-b")}
+        )
     assert (orphan.kind, orphan.id, orphan.name, orphan.location) == ("domain", "uuid-a", "px-crawl-a", "hv1")
     assert shell.argv[shell.argv.index("-p") + 1] == "2222"
     assert "UserKnownHostsFile=/etc/proxy-operator/kvm/known_hosts" in shell.argv

@@ -19,6 +19,7 @@ from tests.stacks.program_harness import RecordingMocks, install, proxy, run
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:pulumi_gcp")
 
 INSTALLATION = "Install-7f3a 01"  # squeezed into each kind's label value
+KVM_DOMAIN = "pulumi-python:dynamic/proxy-operator:LibvirtDomain"
 K8S_KINDS = (
     "kubernetes:core/v1:Secret",
     "kubernetes:apps/v1:Deployment",
@@ -90,14 +91,14 @@ def test_gcp_instance_address_and_secret_are_labelled_and_firewalls_described() 
 
 
 def test_kvm_domain_description_carries_the_installation() -> None:
-    mocks = RecordingMocks(computed={"libvirt:index/domain:Domain": _lease})
+    mocks = RecordingMocks(computed={KVM_DOMAIN: lambda _: {"address": "192.168.122.50"}})
     install(mocks, stack="kvm-home")
     entry = KvmProvider.model_validate(
         {"name": "kvm-home", "type": "kvm", "hosts": [{"name": "hv1", "uri": "qemu+ssh://virt@hv1/system"}]}
     )
     run(entry=entry, proxies=[proxy("a", provider="kvm-home")], settings=_settings("kvm-home"))
 
-    description = mocks.one("libvirt:index/domain:Domain").inputs["description"]
+    description = mocks.one(KVM_DOMAIN).inputs["description"]
     assert description == (
         "managed-by=proxy-operator proxy=crawl/a stack=kvm-home installation=Install-7f3a_01"
     )
@@ -108,11 +109,4 @@ def _nat(outputs: dict[str, object]) -> dict[str, object]:
     nics = outputs["networkInterfaces"]
     assert isinstance(nics, list)
     nics[0]["accessConfigs"][0]["natIp"] = nics[0]["accessConfigs"][0].get("natIp") or "203.0.113.50"
-    return {"networkInterfaces": nics}
-
-
-def _lease(outputs: dict[str, object]) -> dict[str, object]:
-    nics = outputs["networkInterfaces"]
-    assert isinstance(nics, list)
-    nics[0]["addresses"] = ["192.168.122.50"]
     return {"networkInterfaces": nics}

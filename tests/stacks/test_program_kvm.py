@@ -1,15 +1,16 @@
-"""The kvm program's inputs to libvirt, asserted on a recording mock.
+"""The kvm program's wiring of its libvirt resources (dynamic providers on libvirt-python), asserted on a
+recording mock: which resources per host and proxy, and the inputs each gets.
 
-These tests mock with `pulumi.runtime.set_mocks` because the libvirt provider plugin cannot be downloaded or
-run here (nor is there a KVM host); each test installs fresh mocks and runs the program under
-`pulumi.runtime.test`.
+Mocked with `pulumi.runtime.set_mocks` (each test installs fresh mocks and runs the program under
+`pulumi.runtime.test`) so that many shapes of catalogue run in a second; the providers themselves run
+against libvirt in tests/stacks/test_libvirt_providers.py, and the whole program with the real engine against
+the test KVM host in tests/kvm/test_program_kvm_engine.py.
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 import yaml
@@ -22,9 +23,11 @@ from stacks.programs.kvm_credentials import CREDENTIALS_PATH, RECEIVER_PATH
 from stacks.programs.proxy_config import SETUP_PATH
 from tests.stacks.program_harness import GENERATED, RecordingMocks, install, proxy, run
 
-VOLUME = "libvirt:index/volume:Volume"
-DOMAIN = "libvirt:index/domain:Domain"
-CLOUD_INIT = "libvirt:index/cloudInitDisk:CloudInitDisk"
+DYNAMIC = "pulumi-python:dynamic/proxy-operator:"
+BASE = f"{DYNAMIC}LibvirtBaseVolume"
+VOLUME = f"{DYNAMIC}LibvirtVolume"
+DOMAIN = f"{DYNAMIC}LibvirtDomain"
+CLOUD_INIT = f"{DYNAMIC}LibvirtCloudInitDisk"
 SUFFIX = "pulumi-python:dynamic/proxy-operator:StableSuffix"
 GUEST_CREDENTIALS = "pulumi-python:dynamic/proxy-operator:GuestCredentials"
 LEASE = "192.168.122.50"
@@ -47,14 +50,19 @@ ENTRY = KvmProvider.model_validate(
 
 
 def _lease(outputs: dict[str, Any]) -> dict[str, Any]:
-    nics = outputs["networkInterfaces"]
-    nics[0]["addresses"] = [LEASE]
-    return {"networkInterfaces": nics}
+    return {"address": LEASE, "uuid": "the-uuid"}
+
+
+def _path(outputs: dict[str, Any]) -> dict[str, Any]:
+    return {"path": f"/pool/{outputs['name']}"}
+
+
+COMPUTED = {DOMAIN: _lease, BASE: _path, VOLUME: _path, CLOUD_INIT: _path}
 
 
 @pytest.fixture
 def mocks() -> RecordingMocks:
-    recording = RecordingMocks(computed={DOMAIN: _lease, SUFFIX: lambda _: {"suffix": "k3x9q2"}})
+    recording = RecordingMocks(computed={**COMPUTED, SUFFIX: lambda _: {"suffix": "k3x9q2"}})
     install(recording, stack="kvm-home")
     return recording
 
@@ -62,58 +70,44 @@ def mocks() -> RecordingMocks:
 SETTINGS = ProgramSettings(stack="kvm-home", root_dir="/tmp", kvm_ssh_dir=SSH_DIR)
 
 
-def _providers(mocks: RecordingMocks) -> dict[str, str]:
-    return {r.name: r.inputs["uri"] for r in mocks.resources if r.typ == "pulumi:providers:libvirt"}
-
-
-def test_one_provider_per_host_in_use_with_key_and_known_hosts(mocks: RecordingMocks) -> None:
+def test_every_libvirt_resource_names_its_host_uri_and_the_mounted_ssh_folder(mocks: RecordingMocks) -> None:
+    """The catalogue URI as written (the providers dial it over qemu+libssh, `libvirt_conn`), per host."""
     proxies = [proxy("a", provider="kvm-home"), proxy("b", provider="kvm-home", kvm={"host": "hv2"})]
-    proxies.append(proxy("c", provider="kvm-home", kvm={"host": "hv2"}))
     run(entry=ENTRY, proxies=proxies, settings=SETTINGS)
-    uris = _providers(mocks)
+    libvirt = [r for r in mocks.resources if r.typ in (BASE, VOLUME, DOMAIN, CLOUD_INIT)]
 
-    assert sorted(uris) == ["kvm-kvm-home-hv1", "kvm-kvm-home-hv2"]
-    hv1 = urlsplit(uris["kvm-kvm-home-hv1"])
-    assert (hv1.scheme, hv1.username, hv1.hostname, hv1.port, hv1.path) == (
-        "qemu+ssh",
-        "virt",
-        "hv1.lan",
-        2222,
-        "/system",
-    )
-    query = parse_qs(hv1.query)
-    assert query["keyfile"] == [f"{SSH_DIR}/id_ed25519"]
-    # terraform-provider-libvirt (bundled by pulumi-libvirt 0.5) reads `knownhosts`, not `known_hosts`.
-    assert query["knownhosts"] == [f"{SSH_DIR}/known_hosts"]
-    assert query["known_hosts_verify"] == ["normal"]
-    # The catalogue's own parameters survive.
-    assert parse_qs(urlsplit(uris["kvm-kvm-home-hv2"]).query)["socket"] == ["/run/libvirt/libvirt-sock"]
+    assert len(libvirt) == 2 * 4  # per host: one base volume; per proxy: a volume, a disk, a domain
+    assert {r.inputs["sshDir"] for r in libvirt} == {SSH_DIR}
+    by_proxy = {r.inputs["uri"] for r in libvirt if r.name == "crawl/b"}
+    assert by_proxy == {"qemu+ssh://virt@10.0.0.12/system?socket=/run/libvirt/libvirt-sock"}
+    assert {r.inputs["uri"] for r in libvirt if r.name == "crawl/a"} == {
+        "qemu+ssh://virt@hv1.lan:2222/system"
+    }
 
 
 def test_proxy_volume_is_cloned_from_the_cached_base_image(mocks: RecordingMocks) -> None:
     run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", kvm={"diskGib": 20})], settings=SETTINGS)
-    volumes = {r.name: r for r in mocks.of_type(VOLUME)}
-    base = volumes["base-hv1-default-debian-12-generic-amd64.qcow2"]
-    clone = volumes["crawl/a"]
+    base = mocks.one(BASE)
+    clone = mocks.one(VOLUME)
 
+    assert base.name == "base-hv1-default-debian-12-generic-amd64.qcow2"
     assert base.inputs["name"] == "debian-12-generic-amd64-k3x9q2.qcow2"
     assert base.inputs["source"] == ENTRY.base_image
-    assert clone.inputs["baseVolumeId"] == f"{base.name}-id"  # the mock's id of the base volume
-    assert clone.inputs["size"] == 20 * 1024**3
+    assert clone.name == "crawl/a"
+    assert clone.inputs["basePath"] == "/pool/debian-12-generic-amd64-k3x9q2.qcow2"  # the base's path output
+    assert clone.inputs["sizeBytes"] == 20 * 1024**3
     assert clone.inputs["pool"] == base.inputs["pool"] == "default"
 
 
 def test_one_base_volume_per_host_and_pool(mocks: RecordingMocks) -> None:
     proxies = [proxy(name, provider="kvm-home", kvm={"host": "hv2"}) for name in ("a", "b", "c")]
     run(entry=ENTRY, proxies=proxies, settings=SETTINGS)
-    bases = [r for r in mocks.of_type(VOLUME) if r.name.startswith("base-")]
+    bases = mocks.of_type(BASE)
 
     assert [(b.name, b.inputs["pool"]) for b in bases] == [
         ("base-hv2-fast-debian-12-generic-amd64.qcow2", "fast")
     ]
-    assert {r.inputs["baseVolumeId"] for r in mocks.of_type(VOLUME) if r.name.startswith("crawl/")} == {
-        f"{bases[0].name}-id"
-    }
+    assert {r.inputs["basePath"] for r in mocks.of_type(VOLUME)} == {f"/pool/{bases[0].inputs['name']}"}
 
 
 def test_cloud_init_installs_tinyproxy_and_waits_for_the_credentials(mocks: RecordingMocks) -> None:
@@ -149,7 +143,7 @@ def test_without_credentials_the_setup_runs_from_cloud_init(mocks: RecordingMock
 
 
 def _cloud_init_for(port: int) -> dict[str, Any]:
-    mocks = RecordingMocks(computed={DOMAIN: _lease})
+    mocks = RecordingMocks(computed=COMPUTED)
     install(mocks, stack="kvm-home")
     run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", port=port)], settings=SETTINGS)
     return mocks.one(CLOUD_INIT).inputs
@@ -170,11 +164,12 @@ def test_domain_uses_the_disks_and_waits_for_a_lease_which_is_published(mocks: R
     outputs = run(entry=ENTRY, proxies=[proxy("a", **spec)], settings=SETTINGS)
     domain = mocks.one(DOMAIN).inputs
 
-    assert (domain["vcpu"], domain["memory"]) == (2, 1024)
-    assert domain["disks"] == [{"volumeId": "crawl/a-id"}]
-    assert domain["cloudinit"] == "crawl/a-id"
-    assert domain["networkInterfaces"][0]["networkName"] == "default"
-    assert domain["networkInterfaces"][0]["waitForLease"] is True
+    assert (domain["vcpus"], domain["memoryMib"]) == (2, 1024)
+    assert domain["diskPath"] == "/pool/px-crawl-a.qcow2"
+    assert domain["cidataPath"] == f"/pool/{mocks.one(CLOUD_INIT).inputs['name']}"
+    assert domain["network"] == "default"
+    assert domain["domainType"] == "kvm"  # the catalogue's default
+    assert domain["leaseTimeout"] > 0
     assert domain["description"] == "managed-by=proxy-operator proxy=crawl/a stack=kvm-home"
     assert outputs["proxies"]["crawl/a"] == {
         "host": LEASE,
@@ -182,6 +177,14 @@ def test_domain_uses_the_disks_and_waits_for_a_lease_which_is_published(mocks: R
         "protocol": "http",
         "instanceId": "crawl/a-id",
     }
+
+
+def test_the_catalogue_domain_type_reaches_the_domain(mocks: RecordingMocks) -> None:
+    entry = KvmProvider.model_validate({**ENTRY.model_dump(by_alias=True), "domainType": "qemu"})
+    run(entry=entry, proxies=[proxy("a", provider="kvm-home")], settings=SETTINGS)
+    assert mocks.one(DOMAIN).inputs["domainType"] == "qemu"
+    with pytest.raises(ValueError, match="domainType"):
+        KvmProvider.model_validate({**ENTRY.model_dump(by_alias=True), "domainType": "xen"})
 
 
 def test_a_host_missing_from_the_catalogue_is_a_permanent_error(mocks: RecordingMocks) -> None:
@@ -214,9 +217,9 @@ def test_the_password_is_in_no_libvirt_input_only_in_the_guest_delivery(
     """Issue 11: the cloud-init disk (user-data, meta-data) lies in the host's pool and the domain XML is
     readable by every libvirt user; the credentials go to the guest over SSH instead."""
     run(entry=ENTRY, proxies=[proxy("a", provider="kvm-home", **spec)], settings=SETTINGS, credentials=given)
-    libvirt_inputs = [r.inputs for r in mocks.resources if "libvirt" in r.typ]
+    libvirt_inputs = [r.inputs for r in mocks.resources if "Libvirt" in r.typ]
 
-    assert {r.typ for r in mocks.resources if "libvirt" in r.typ} >= {VOLUME, DOMAIN, CLOUD_INIT}
+    assert {r.typ for r in mocks.resources if "Libvirt" in r.typ} >= {VOLUME, DOMAIN, CLOUD_INIT}
     assert password not in json.dumps(libvirt_inputs)
     delivery = mocks.one(GUEST_CREDENTIALS).inputs
     assert _is_secret(delivery["password"])
@@ -238,7 +241,7 @@ def test_a_rotation_keeps_the_cloud_init_disk_and_so_the_domain() -> None:
     """New credentials are delivered to the running guest: the user-data (and the domain) do not change."""
     disks = []
     for password in ("first-password", "second-password"):
-        recording = RecordingMocks(computed={DOMAIN: _lease})
+        recording = RecordingMocks(computed=COMPUTED)
         install(recording, stack="kvm-home")
         given = {"crawl/a": {"username": "crawler", "password": password}}
         spec = {"provider": "kvm-home", "auth": {"mode": "secret", "secretRef": {"name": "a-auth"}}}
