@@ -15,6 +15,8 @@ of what the VM is made of replaces it; a new description is set in place.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
@@ -23,7 +25,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 
 from stacks.programs import dynamic_pickling
 from stacks.programs.libvirt_conn import connected, is_missing, libvirt_module
-from stacks.programs.libvirt_guest import wait_for_address
+from stacks.programs.libvirt_guest import GuestStartError, wait_for_address
 from stacks.programs.libvirt_resource import compare, gone
 
 LEASE_TIMEOUT_SECONDS = 300
@@ -78,12 +80,29 @@ def remove(domain: Any) -> None:
 
 
 def _start(domain: Any, props: dict[str, Any]) -> str:
-    domain.create()
+    with _kvm_hint(props):
+        domain.create()
     return wait_for_address(
         domain,
         domain_type=props["domainType"],
         timeout=float(props.get("leaseTimeout") or LEASE_TIMEOUT_SECONDS),
     )
+
+
+@contextmanager
+def _kvm_hint(props: dict[str, Any]) -> Iterator[None]:
+    """A host without usable KVM refuses a `kvm` domain at define or start (no kvm capabilities, /dev/kvm
+    missing): the error says what to change."""
+    libvirt = libvirt_module()
+    try:
+        yield
+    except libvirt.libvirtError as exc:
+        if props["domainType"] != "kvm" or "kvm" not in str(exc).lower():
+            raise
+        raise GuestStartError(
+            f"the domain {props['name']} cannot run with domain type kvm on {props['uri']} ({exc}): set "
+            "domainType: qemu in the catalogue entry to run its guests in software (TCG, slower)"
+        ) from exc
 
 
 def _define(conn: Any, props: dict[str, Any]) -> Any:
@@ -93,7 +112,8 @@ def _define(conn: Any, props: dict[str, Any]) -> Any:
     except Exception as exc:
         if not is_missing(exc, *MISSING):
             raise
-        return conn.defineXML(domain_xml(props))
+        with _kvm_hint(props):
+            return conn.defineXML(domain_xml(props))
     raise RuntimeError(
         f"a domain {props['name']} already exists on {props['uri']} (UUID {taken.UUIDString()}): a proxy "
         "forgotten with skip-cleanup keeps its VM; remove that VM (virsh destroy + undefine) or rename the "

@@ -21,7 +21,7 @@ import pytest
 
 from stacks.programs.libvirt_cidata import write_iso
 from stacks.programs.libvirt_conn import HostKeyRejectedError, _translated, connection_uri, libvirt_module
-from stacks.programs.libvirt_domain import DomainProvider
+from stacks.programs.libvirt_domain import DomainProvider, _kvm_hint
 from stacks.programs.libvirt_guest import GuestStartError, wait_for_address
 from stacks.programs.libvirt_upload import image_format, volume_xml
 from stacks.programs.libvirt_volumes import BaseVolumeProvider, ProxyVolumeProvider
@@ -286,3 +286,15 @@ def test_a_domain_name_already_taken_fails_and_leaves_the_other_alone(test_conn:
         provider.create({**props, "description": "another"})
     assert test_conn.lookupByUUIDString(first.id).isActive()
     provider.delete(first.id, _outs(first))
+
+
+def test_a_host_that_refuses_kvm_domains_says_to_set_domain_type_qemu() -> None:
+    """libvirt's own refusal (no kvm capabilities, no /dev/kvm) at define or start, raised as libvirt does."""
+    libvirt = libvirt_module()
+    refusal = "invalid argument: could not find capabilities for domaintype=kvm"
+    where = {"name": "px-a", "uri": "qemu+ssh://root@hv1/system"}
+    hinted = pytest.raises(GuestStartError, match="set domainType: qemu in the catalogue entry")
+    with hinted, _kvm_hint({**where, "domainType": "kvm"}):
+        raise libvirt.libvirtError(refusal)
+    with pytest.raises(libvirt.libvirtError), _kvm_hint({**where, "domainType": "qemu"}):
+        raise libvirt.libvirtError(refusal)
