@@ -8,16 +8,24 @@ not run here (no KVM host needed); the diff is the very call it makes.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+from pulumi import automation as auto
+from pulumi.dynamic.dynamic import serialize_provider
 from pulumi.runtime import rpc
 
 from stacks.models import KvmProvider
 from stacks.programs.context import ProgramSettings
+from stacks.programs.credentials import SuffixProvider
 from stacks.programs.libvirt_cidata import CloudInitDiskProvider
 from stacks.programs.libvirt_domain import DomainProvider
 from stacks.programs.libvirt_migrate import host_of, migrate
 from stacks.programs.libvirt_volumes import BaseVolumeProvider, ProxyVolumeProvider
+from tests.conftest import ROOT as REPO
+from tests.conftest import PulumiEnv
 from tests.stacks.program_harness import RecordingMocks, install, proxy, run
 
 NEW = "pulumi-python:dynamic/proxy-operator:"
@@ -39,6 +47,11 @@ ENTRY = KvmProvider.model_validate(
     }
 )
 SETTINGS = ProgramSettings(stack=STACK, root_dir="/tmp", kvm_ssh_dir="/etc/proxy-operator/kvm")
+SPEC: dict[str, Any] = {
+    "provider": "kvm-home",
+    "auth": {"mode": "none"},
+    "allowedSourceRanges": ["192.168.1.0/24"],
+}
 PROVIDERS = {
     "LibvirtBaseVolume": BaseVolumeProvider(),
     "LibvirtVolume": ProxyVolumeProvider(),
@@ -63,13 +76,7 @@ def _declared() -> dict[str, dict[str, Any]]:
         }
     )
     install(mocks, stack=STACK)
-    run(
-        entry=ENTRY,
-        proxies=[
-            proxy("a", provider="kvm-home", auth={"mode": "none"}, allowedSourceRanges=["192.168.1.0/24"])
-        ],
-        settings=SETTINGS,
-    )
+    run(entry=ENTRY, proxies=[proxy("a", **SPEC)], settings=SETTINGS)
     return {f"{r.typ}::{r.name}": {k: _plain(v) for k, v in r.inputs.items()} for r in mocks.resources}
 
 
@@ -181,7 +188,18 @@ def _pulumi_libvirt_state(declared: dict[str, dict[str, Any]]) -> dict[str, Any]
         "type": f"{NEW}StableSuffix",
         "provider": f"{PY}",
         "parent": stack_urn,
-        "outputs": {"suffix": "k3x9q2"},
+        "inputs": {
+            "keeper": "",
+            "length": 6,
+            "suffix": None,
+            "__provider": serialize_provider(SuffixProvider()),
+        },
+        "outputs": {
+            "keeper": "",
+            "length": 6,
+            "suffix": "k3x9q2",
+            "__provider": serialize_provider(SuffixProvider()),
+        },
     }
     others = [
         {"urn": stack_urn, "custom": False, "type": "pulumi:pulumi:Stack"},
@@ -228,3 +246,29 @@ def test_the_host_and_ssh_folder_come_back_from_the_old_provider_uri() -> None:
     assert host_of(OLD_URI) == ("qemu+ssh://virt@hv1.lan:2222/system", "/etc/proxy-operator/kvm")
     with_socket = OLD_URI.replace("/system?", "/system?socket=/run/libvirt/libvirt-sock&")
     assert host_of(with_socket)[0] == "qemu+ssh://virt@hv1.lan:2222/system?socket=/run/libvirt/libvirt-sock"
+
+
+@pytest.mark.engine
+def test_through_the_engine_export_migrate_import_then_preview_changes_nothing(
+    pulumi_env: PulumiEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The documented path with the real CLI and a `file://` backend: the pulumi-libvirt state imported
+    (no plugin is needed to hold it), exported, migrated, imported again, then `preview` of the program:
+    every resource the same. preview contacts no host: the providers' diff decides."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "Pulumi.yaml").write_text(f"name: {PROJECT}\nruntime: python\nmain: {REPO / 'stacks'}\n")
+    stack = auto.create_or_select_stack(stack_name=STACK, work_dir=str(work))
+    item = {"namespace": "crawl", "name": "a", "labels": {}, "spec": SPEC}
+    stack.set_config("proxy-operator:provider", auto.ConfigValue(ENTRY.model_dump_json(by_alias=True)))
+    stack.set_config("proxy-operator:proxies", auto.ConfigValue(json.dumps([item])))
+    stack.set_config("proxy-operator:kvmSshDir", auto.ConfigValue(SETTINGS.kvm_ssh_dir))
+    empty = dict(stack.export_stack().deployment or {})
+    old = _pulumi_libvirt_state(_declared())
+    stack.import_stack(auto.Deployment(version=3, deployment={**empty, "resources": old["resources"]}))
+
+    exported = dict(stack.export_stack().deployment or {})
+    stack.import_stack(auto.Deployment(version=3, deployment=migrate(exported)))
+    preview = stack.preview()
+    assert set(preview.change_summary) == {"same"}, preview.change_summary
