@@ -70,13 +70,17 @@ def cidata_iso(conn: Any, pool: Any, *, name: str, user_data: str, meta_data: st
         return upload(conn, pool, name=name, path=iso, fmt="raw")
 
 
-def domain_xml(*, name: str, disk: Any, iso: Any, network: str, memory_mib: int = 512) -> str:
+def domain_xml(
+    *, name: str, disk: Any, iso: Any, network: str, memory_mib: int = 512, tb_cache_mib: int | None = None
+) -> str:
+    """A TCG domain (type `qemu`); tb_cache_mib bounds QEMU's translation cache (its RSS) when given."""
+    tcg = f"<tcg><tb-cache unit='MiB'>{tb_cache_mib}</tb-cache></tcg>" if tb_cache_mib else ""
     return f"""<domain type='qemu'>
   <name>{name}</name>
   <memory unit='MiB'>{memory_mib}</memory>
   <vcpu>1</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
-  <features><acpi/><apic/></features>
+  <features><acpi/><apic/>{tcg}</features>
   <on_poweroff>destroy</on_poweroff>
   <devices>
     <disk type='file' device='disk'>

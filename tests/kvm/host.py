@@ -175,7 +175,9 @@ def one_host_at_a_time(stack: ExitStack, say: Callable[[str], None]) -> None:
 def _closer(namespace: KvmNamespace, say: Callable[[str], None]) -> Callable[[], None]:
     def close() -> None:
         problems = namespace.close()
-        say("KVM host gone, host restored" if not problems else "host restore: " + "; ".join(problems))
+        if problems:  # the session fails: a test host must leave the machine as it found it
+            raise KvmHostUnavailable("the test KVM host left: " + "; ".join(problems))
+        say("KVM host gone, host restored")
 
     return close
 

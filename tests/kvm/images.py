@@ -39,4 +39,5 @@ def guest_image(variant: str, *, log: Path) -> GuestImage:
         tail = "\n".join(said.splitlines()[-20:])
         raise ImageUnavailable(f"`{SCRIPT.name} {variant}` failed ({done.returncode}), log {log}:\n{tail}")
     path = Path(done.stdout.strip().splitlines()[-1])
-    return GuestImage(variant=variant, path=path, seconds=seconds, reused="reusing the" in said)
+    reused = f"reusing the {variant} image" in said
+    return GuestImage(variant=variant, path=path, seconds=seconds, reused=reused)

@@ -92,7 +92,10 @@ class KvmNamespace:
 
     def _network(self) -> None:
         sh("ip", "link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK, "netns", str(self.pid))
-        self.undo.append(("sh", "-c", f"! [ -e /sys/class/net/{HOST_LINK} ] || ip link del {HOST_LINK}"))
+        # (gone with the namespace, maybe a moment later; deleted here if still there)
+        self.undo.append(
+            ("sh", "-c", f"ip link del {HOST_LINK} 2>/dev/null; ! [ -e /sys/class/net/{HOST_LINK} ]")
+        )
         sh("sysctl", "-qw", f"net.ipv6.conf.{HOST_LINK}.disable_ipv6=1")
         sh("ip", "addr", "add", f"{HOST_IP}/{PREFIX}", "dev", HOST_LINK)
         sh("ip", "link", "set", HOST_LINK, "up")
@@ -114,9 +117,21 @@ class KvmNamespace:
             except HostSetupFailed as exc:
                 problems.append(str(exc))
         self.undo.clear()
+        problems += leftovers(self.netns)
         if not problems:
             RECORD.unlink(missing_ok=True)
         return problems
+
+
+def leftovers(netns: str) -> list[str]:
+    """What of the test KVM host is still on the machine (nothing, once it is closed)."""
+    found = [f"process {pid} in its namespace" for pid in namespace_pids(netns)] if netns else []
+    if Path(f"/sys/class/net/{HOST_LINK}").exists():
+        found.append(f"the link {HOST_LINK}")
+    table = subprocess.run(["nft", "list", "table", "inet", NFT_TABLE], check=False, capture_output=True)
+    if table.returncode == 0:
+        found.append(f"the nft table {NFT_TABLE}")
+    return found
 
 
 def containment_rules() -> str:

@@ -30,6 +30,7 @@ from tests.kvm.host_config import keygen, known_hosts_line
 from tests.kvm.images import GuestImage
 
 PROXY_PORT = 3128
+TB_CACHE_MIB = 128  # QEMU's translation cache: its default makes a guest's RSS grow past 800 MiB
 LEASE_TIMEOUT = {"fast": 120.0, "full": 240.0}
 PROXY_TIMEOUT = {"fast": 180.0, "full": 420.0}
 
@@ -60,7 +61,8 @@ def _boot_and_remove(
         disk = cow_volume(pool, name=f"{name}.qcow2", base=base)
         meta = cloud_init_meta_data(instance_id=name, hostname=name)
         iso = cidata_iso(conn, pool, name=f"{name}-cidata.iso", user_data=_user_data(name), meta_data=meta)
-        domain = conn.defineXML(domain_xml(name=name, disk=disk, iso=iso, network=host.network))
+        xml = domain_xml(name=name, disk=disk, iso=iso, network=host.network, tb_cache_mib=TB_CACHE_MIB)
+        domain = conn.defineXML(xml)
         domain.create()
         booted = time.monotonic()
         address = wait_for_lease(libvirt, domain, host, timeout=LEASE_TIMEOUT[image.variant])
