@@ -29,6 +29,7 @@ from stacks.programs.libvirt_guest import GuestStartError, wait_for_address
 from stacks.programs.libvirt_resource import compare, gone
 
 LEASE_TIMEOUT_SECONDS = 300
+TB_CACHE_MIB = 128
 REPLACE_ON = ("name", "domainType", "vcpus", "memoryMib", "diskPath", "diskSize", "cidataPath", "network")
 OUTPUTS = ("address", "uuid")
 MISSING = ("VIR_ERR_NO_DOMAIN",)
@@ -36,13 +37,17 @@ MISSING = ("VIR_ERR_NO_DOMAIN",)
 
 def domain_xml(props: dict[str, Any]) -> str:
     name = escape(props["name"])
+    # Under TCG, QEMU's translation cache grows a guest's RSS past 800 MiB; 128 MiB halves it, same boot time.
+    tcg = (
+        f"<tcg><tb-cache unit='MiB'>{TB_CACHE_MIB}</tb-cache></tcg>" if props["domainType"] == "qemu" else ""
+    )
     return f"""<domain type={quoteattr(props["domainType"])}>
   <name>{name}</name>
   <description>{escape(props["description"])}</description>
   <memory unit='MiB'>{int(props["memoryMib"])}</memory>
   <vcpu>{int(props["vcpus"])}</vcpu>
   <os><type arch='x86_64' machine='pc'>hvm</type><boot dev='hd'/></os>
-  <features><acpi/><apic/></features>
+  <features><acpi/><apic/>{tcg}</features>
   <on_poweroff>destroy</on_poweroff>
   <devices>
     <disk type='file' device='disk'>

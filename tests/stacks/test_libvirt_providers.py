@@ -21,7 +21,7 @@ import pytest
 
 from stacks.programs.libvirt_cidata import write_iso
 from stacks.programs.libvirt_conn import HostKeyRejectedError, _translated, connection_uri, libvirt_module
-from stacks.programs.libvirt_domain import DomainProvider, _kvm_hint
+from stacks.programs.libvirt_domain import DomainProvider, _kvm_hint, domain_xml
 from stacks.programs.libvirt_guest import GuestStartError, wait_for_address
 from stacks.programs.libvirt_upload import image_format, volume_xml
 from stacks.programs.libvirt_volumes import BaseVolumeProvider, ProxyVolumeProvider
@@ -182,10 +182,13 @@ def test_the_cidata_iso_is_labelled_cidata_and_holds_the_three_files(tmp_path: P
 
 
 def _domain_props(name: str, **changes: Any) -> dict[str, Any]:
-    return _where(
+    return _where(**{**_domain_base(name), "domainType": "test", **changes})
+
+
+def _domain_base(name: str) -> dict[str, Any]:
+    return dict(
         name=name,
         description="managed-by=proxy-operator proxy=crawl/a stack=kvm-home",
-        domainType="test",
         vcpus=1,
         memoryMib=512,
         diskPath="/default-pool/px.qcow2",
@@ -196,7 +199,6 @@ def _domain_props(name: str, **changes: Any) -> dict[str, Any]:
         address=None,
         uuid=None,
         running=True,
-        **changes,
     )
 
 
@@ -298,3 +300,10 @@ def test_a_host_that_refuses_kvm_domains_says_to_set_domain_type_qemu() -> None:
         raise libvirt.libvirtError(refusal)
     with pytest.raises(libvirt.libvirtError), _kvm_hint({**where, "domainType": "qemu"}):
         raise libvirt.libvirtError(refusal)
+
+
+def test_a_qemu_domain_bounds_its_translation_cache_a_kvm_one_has_none() -> None:
+    assert "<tcg><tb-cache unit='MiB'>128</tb-cache></tcg>" in domain_xml(
+        _domain_props("a", domainType="qemu")
+    )
+    assert "<tcg>" not in domain_xml(_domain_props("a", domainType="kvm"))
