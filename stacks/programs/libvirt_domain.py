@@ -9,7 +9,8 @@ orphan finder matches; its description carries our marks (`stacks/marks.py`).
 
 A create that fails (paused, stopped, no address in time) removes the domain again: the engine records
 nothing, so nothing else would. `read` finds a domain removed by hand gone (refresh drops it, the next `up`
-makes it again) and a stopped one `running: false`, which the next `up` starts again (an update). Any change
+makes it again), a stopped one `running: false`, which the next `up` starts again (an update), and a
+running one at its current address. Any change
 of what the VM is made of replaces it; a new description is set in place.
 """
 
@@ -25,7 +26,7 @@ from pulumi.dynamic import CreateResult, DiffResult, ReadResult, Resource, Resou
 
 from stacks.programs import dynamic_pickling
 from stacks.programs.libvirt_conn import connected, is_missing, libvirt_module
-from stacks.programs.libvirt_guest import GuestStartError, wait_for_address
+from stacks.programs.libvirt_guest import GuestStartError, current_address, wait_for_address
 from stacks.programs.libvirt_resource import compare, gone
 
 LEASE_TIMEOUT_SECONDS = 300
@@ -144,7 +145,10 @@ class DomainProvider(ResourceProvider):
             domain = _lookup(conn, id_)
             if domain is None:
                 return gone()
-            return ReadResult(id_=id_, outs={**props, "running": bool(domain.isActive())})
+            running = bool(domain.isActive())
+            # A lease that changed (the host or the guest restarted) moves the published address.
+            address = (current_address(domain) if running else None) or props.get("address")
+            return ReadResult(id_=id_, outs={**props, "running": running, "address": address})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> DiffResult:
         return compare(olds, news, replace_on=REPLACE_ON, ignore=OUTPUTS)

@@ -228,6 +228,7 @@ def test_drift_a_domain_stopped_by_hand_is_started_again_one_removed_is_gone(tes
     made = provider.create(_domain_props(_unique("px")))
     domain = test_conn.lookupByUUIDString(made.id)
 
+    assert _outs(provider.read(made.id, {**_outs(made), "address": "stale"}))["address"] != "stale"
     domain.destroy()
     read = provider.read(made.id, _outs(made))
     assert _outs(read)["running"] is False
