@@ -1,0 +1,94 @@
+"""What the kvm tests check from inside the test host's namespace (the only place a guest is reachable):
+a request through a proxy, and what libvirtd holds (read over its own socket, not the service's way in)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from tests.kvm.host import KvmHost
+
+BRIDGE_IP = "192.168.122.1"  # the namespace's side of libvirt's NAT network: the guests reach it
+REFUSED_IP = "10.246.0.2"  # the same namespace, on its veth: a private address the default policy refuses
+SITE_PORT = 8089
+REQUEST = """import base64, http.client, sys
+proxy, port, url, creds = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+conn = http.client.HTTPConnection(proxy, port, timeout=20)
+headers = {"Proxy-Authorization": "Basic " + base64.b64encode(creds.encode()).decode()} if creds else {}
+conn.request("GET", url, headers=headers)
+print(conn.getresponse().status)
+"""
+
+
+def through(host: KvmHost, *, proxy: str, port: int, url: str, creds: str = "") -> int:
+    """The status a request for `url` through the proxy gets, sent from inside the namespace."""
+    return int(host.inside(sys.executable, "-c", REQUEST, proxy, str(port), url, creds).strip())
+
+
+@contextmanager
+def site(host: KvmHost) -> Iterator[int]:
+    """A web server inside the namespace, on every address there (the bridge and the veth)."""
+    server = subprocess.Popen(
+        [*host.enter(), sys.executable, "-m", "http.server", "--bind", "0.0.0.0", str(SITE_PORT)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        yield SITE_PORT
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+class HostView:
+    """What is on the host, read through libvirtd's own socket."""
+
+    def __init__(self, libvirt: Any, host: KvmHost) -> None:
+        self.libvirt = libvirt
+        self.host = host
+
+    @contextmanager
+    def conn(self) -> Iterator[Any]:
+        conn = self.libvirt.open(self.host.local_uri)
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def domains(self) -> dict[str, Any]:
+        """Running or defined domains: name -> (UUID, active, memory MiB)."""
+        with self.conn() as conn:
+            return {
+                d.name(): (d.UUIDString(), bool(d.isActive()), d.maxMemory() // 1024)
+                for d in conn.listAllDomains()
+            }
+
+    def volumes(self) -> set[str]:
+        with self.conn() as conn:
+            pool = conn.storagePoolLookupByName(self.host.pool)
+            pool.refresh(0)
+            return set(pool.listVolumes())
+
+    def remove_domain(self, name: str) -> None:
+        """What an operator does by hand: `virsh destroy` + `virsh undefine`."""
+        with self.conn() as conn:
+            domain = conn.lookupByName(name)
+            if domain.isActive():
+                domain.destroy()
+            domain.undefine()
+
+    def clean(self, *, domains_prefix: str, keep_volumes: set[str]) -> None:
+        """Remove what a test left: its domains, and every volume that was not there before it."""
+        with self.conn() as conn:
+            for domain in conn.listAllDomains():
+                if domain.name().startswith(domains_prefix):
+                    if domain.isActive():
+                        domain.destroy()
+                    domain.undefine()
+            pool = conn.storagePoolLookupByName(self.host.pool)
+            pool.refresh(0)
+            for name in set(pool.listVolumes()) - keep_volumes:
+                pool.storageVolLookupByName(name).delete(0)
