@@ -112,15 +112,14 @@ install_plugin() {
 }
 
 not_provided() {
-  say "not provided here: pulumi-resource-gcp and pulumi-resource-libvirt. Pulumi's plugin downloads are out of"
-  say "  reach from this machine and the Go module proxy refuses their provider modules (403 for"
-  say "  github.com/pulumi/pulumi-gcp/provider/v* and github.com/pulumi/pulumi-libvirt/provider)."
-  say "  Here: gcp and kvm stacks cannot run up or preview (their programs are tested under Pulumi mocks only);"
-  say "  such a stack fails (the engine can neither find nor download the plugin) and says so on its Proxies;"
-  say "  the local and kubernetes stacks go on."
-  say "  With internet access: nothing to do; the Pulumi CLI downloads each missing plugin on first use into"
+  say "not provided here: pulumi-resource-gcp. Pulumi's plugin downloads are out of reach from this machine"
+  say "  and the Go module proxy refuses its provider module (403 for github.com/pulumi/pulumi-gcp/provider/v*)."
+  say "  Here: gcp stacks cannot run up or preview (their program is tested under Pulumi mocks only); such a"
+  say "  stack fails (the engine can neither find nor download the plugin) and says so on its Proxies; the"
+  say "  local, kubernetes and kvm stacks go on (kvm needs no plugin: libvirt-python dynamic providers)."
+  say "  With internet access: nothing to do; the Pulumi CLI downloads the missing plugin on first use into"
   say "  PULUMI_HOME/plugins (unless PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION is set), at the version"
-  say "  the pulumi-gcp / pulumi-libvirt Python SDK in requirements.lock asks for."
+  say "  the pulumi-gcp Python SDK in requirements.lock asks for."
 }
 
 install_plugin

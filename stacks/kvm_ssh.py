@@ -25,8 +25,9 @@ def ssh_destination(host_uri: str) -> tuple[str, int, str]:
     return target, parts.port or 22, local
 
 
-def ssh_argv(*, target: str, port: int, ssh_dir: str) -> list[str]:
-    """`ssh` with the mounted key and known_hosts only, host keys verified, no prompt, no user config."""
+def ssh_options(ssh_dir: str) -> list[str]:
+    """OpenSSH's arguments for the mounted key and known_hosts only: host keys verified, no prompt, no user
+    or system configuration. (OpenSSH keeps the first value of an option: these win over any given after.)"""
     folder = ssh_dir.rstrip("/")
     options = {
         "BatchMode": "yes",
@@ -37,7 +38,12 @@ def ssh_argv(*, target: str, port: int, ssh_dir: str) -> list[str]:
         "ConnectTimeout": "30",
         "ServerAliveInterval": "30",
     }
-    argv = ["ssh", "-F", "/dev/null", "-i", f"{folder}/id_ed25519", "-p", str(port)]
+    argv = ["-F", "/dev/null", "-i", f"{folder}/id_ed25519"]
     for key, value in options.items():
         argv += ["-o", f"{key}={value}"]
-    return [*argv, target, "sh", "-s"]
+    return argv
+
+
+def ssh_argv(*, target: str, port: int, ssh_dir: str) -> list[str]:
+    """`ssh` to the host running a script fed on its stdin (`sh -s`), with `ssh_options`."""
+    return ["ssh", *ssh_options(ssh_dir), "-p", str(port), target, "sh", "-s"]

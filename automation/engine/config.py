@@ -72,6 +72,10 @@ class EngineConfig:
             "PULUMI_PYTHON_CMD": sys.executable,
             "PULUMI_SKIP_UPDATE_CHECK": "true",
             "PULUMI_BACKEND_URL": self.backend_url,
+            # gRPC's fork handlers restart its threads in a forked child: a program's dynamic provider
+            # that forks and execs (libvirt's ssh transport, the kvm program) saw that child die before its
+            # exec ("epoll_wait error: Bad file descriptor"). grpc/grpc#13873: off for fork-then-exec.
+            "GRPC_ENABLE_FORK_SUPPORT": "false",
         }
         if self.passphrase is not None:
             env["PULUMI_CONFIG_PASSPHRASE"] = self.passphrase

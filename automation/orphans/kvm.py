@@ -4,8 +4,9 @@
 Each host of the entry is reached as the credentials delivery reaches it (`stacks/kvm_ssh.py`: the mounted
 key and known_hosts, host keys verified); a POSIX script piped into `sh -s` there lists the domains with
 `virsh list --all --name`, `domuuid` and `desc`. Deleting one destroys it and undefines it with its storage
-(its own disk and cloud-init ISO; the cached base image is a backing file, not a disk of the domain). No KVM
-host runs here: tests/pools/test_orphans_kvm.py runs the scripts in a local `sh` against a fake `virsh`.
+(its own disk and cloud-init ISO; the cached base image is a backing file, not a disk of the domain).
+tests/pools/test_orphans_kvm.py runs the scripts in a local `sh` against a fake `virsh`; tests/kvm runs
+them over SSH against the test KVM host's libvirtd.
 """
 
 from __future__ import annotations

@@ -2,19 +2,19 @@
 
 The resources are Pulumi dynamic providers on libvirt-python (`libvirt_volumes`, `libvirt_cidata`,
 `libvirt_domain`; decision in docs/decisions.md): each call connects to the host's catalogue URI over
-`qemu+libssh` with the mounted key and known_hosts, host keys verified (`libvirt_conn`). Per host and pool in
-use: one cached base image volume. Per proxy: a copy-on-write volume backed by that image, a cloud-init disk
-that configures the proxy, and the domain (of the entry's `domainType`); the published address is the
-domain's DHCP lease (or its guest agent's address). A proxy's credentials never enter the cloud-init disk:
-`kvm_credentials` writes them into the running guest over SSH and the guest agent, and the setup reads them
-there.
+libvirt's ssh transport, OpenSSH with the mounted key and known_hosts, host keys verified (`libvirt_conn`).
+Per host and pool in use: one cached base image volume. Per proxy: a copy-on-write volume backed by that
+image, a cloud-init disk that configures the proxy, and the domain (of the entry's `domainType`); the
+published address is the domain's DHCP lease (or its guest agent's address). A proxy's credentials never enter
+the cloud-init disk: `kvm_credentials` writes them into the running guest over SSH and the guest agent, and
+the setup reads them there.
 
-The image cache rule: a base volume is never replaced or deleted while a proxy volume may back onto it.
-Its provider ignores a change of `source` and never deletes (`libvirt_volumes`); the program also sets
+The image cache rule: a base volume is never replaced or deleted while a proxy volume may back onto it. Its
+provider ignores a change of `source` and never deletes (`libvirt_volumes`); the program also sets
 `ignore_changes=["source"]` and `retain_on_delete`, so the engine leaves it on the host when it leaves the
-stack (a forgotten proxy's disk may still use it). A retained volume keeps its name on the host, so each
-base volume name carries a random suffix drawn when it enters the stack: a later proxy on that host gets a
-fresh cache instead of colliding with the retained one.
+stack (a forgotten proxy's disk may still use it). A retained volume keeps its name on the host, so each base
+volume name carries a random suffix drawn when it enters the stack: a later proxy on that host gets a fresh
+cache instead of colliding with the retained one.
 """
 
 from __future__ import annotations

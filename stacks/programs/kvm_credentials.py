@@ -9,14 +9,15 @@ placeholders and a small receiver, `RECEIVER_PATH`, that writes what it reads on
 and known_hosts the libvirt provider uses (host keys verified), and pipes a POSIX script into `sh -s`
 there. The script waits for the guest agent (the libvirt provider gives every domain its channel; the
 user-data installs `qemu-guest-agent`), then runs the receiver with `guest-exec`, the credentials as its
-`input-data`, and waits for it to exit 0. The credentials travel only on SSH's stdin and the agent's
+`input-data` (again each second while the guest has no receiver yet: an agent in the image answers before
+cloud-init wrote it), and waits for it to exit 0. The credentials travel only on SSH's stdin and the agent's
 channel: never on a command line on the host, in the domain XML, the pool or the stack's plain inputs
 (they are secret in the state). A rotation re-runs the receiver in the running VM (no replacement); a new
 domain gets them again.
 
-Needs an OpenSSH client (`ssh`) where the program's dynamic providers run. Not exercised against a real
-host here (no KVM host, no libvirt plugin): `tests/stacks/test_kvm_credentials.py` runs the host script
-against a fake `virsh`.
+Needs an OpenSSH client (`ssh`) where the program's dynamic providers run. `tests/security/
+test_kvm_credentials.py` runs the host script against a fake `virsh`; `tests/kvm` against a real host and
+guest.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ CREDENTIALS_DIR = "/etc/proxy-operator"
 CREDENTIALS_PATH = f"{CREDENTIALS_DIR}/credentials"
 RECEIVER_PATH = "/usr/local/sbin/proxy-operator-credentials"
 AGENT_WAIT_TRIES, EXEC_WAIT_TRIES, POLL_SECONDS = 120, 180, 5  # 10 minutes to boot, 15 to set up
+RECEIVER_WAIT_TRIES, RECEIVER_POLL_SECONDS = 300, 1  # 5 minutes for cloud-init to write the receiver
 SSH_TIMEOUT_SECONDS = 30 * 60
 EOF_MARK = "PROXY_OPERATOR_EOF"
 DELIVERY_KEYS = ("sshTarget", "sshPort", "libvirtUri", "domain", "domainId", "username", "password")
@@ -80,12 +82,24 @@ until agent '{{"execute":"guest-ping"}}' >/dev/null 2>&1; do
   i=$((i+1)); [ "$i" -lt {AGENT_WAIT_TRIES} ] || fail "the guest agent never answered"
   sleep {POLL_SECONDS}
 done
-OUT=$(virsh -q -c "$URI" <<'{EOF_MARK}'
+i=0
+# The agent may answer before cloud-init wrote the receiver: ask again, fail at once on anything else.
+# (virsh reading its commands from stdin exits 0 even when the command failed: the answer decides.)
+while :; do
+  OUT=$(virsh -q -c "$URI" 2>&1 <<'{EOF_MARK}'
 {_agent_exec(domain, payload)}
 {EOF_MARK}
-)
-PID=$(printf '%s' "$OUT" | sed -n 's/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p')
-[ -n "$PID" ] || fail "guest-exec of the credentials receiver failed: $OUT"
+) || true
+  PID=$(printf '%s' "$OUT" | sed -n 's/.*"pid": *\\([0-9][0-9]*\\).*/\\1/p')
+  [ -z "$PID" ] || break
+  case "$OUT" in
+    *"No such file or directory"*) ;;
+    *) fail "guest-exec of the credentials receiver failed: $OUT" ;;
+  esac
+  i=$((i+1))
+  [ "$i" -lt {RECEIVER_WAIT_TRIES} ] || fail "cloud-init never wrote {RECEIVER_PATH} in the guest: $OUT"
+  sleep {RECEIVER_POLL_SECONDS}
+done
 i=0
 while :; do
   STATUS=$(agent "{{\\"execute\\":\\"guest-exec-status\\",\\"arguments\\":{{\\"pid\\":$PID}}}}")

@@ -1,11 +1,14 @@
 """Connections to a KVM host for the kvm program's libvirt resources (`libvirt_volumes`, `libvirt_cidata`,
 `libvirt_domain`), with libvirt-python.
 
-The catalogue keeps `qemu+ssh://user@host[:port]/system` URIs. C libvirt's `qemu+ssh` transport runs the
-`ssh` program and ignores a `knownhosts` parameter (it reads the user's own known_hosts), so the program
-dials the same host over `qemu+libssh` instead, with the mounted key and known_hosts, host key verification
-`normal` (never off) and public-key authentication only; any port. A URI of another scheme (`test:///default`
-in the unit tests, `qemu:///system` on the host itself) is used as it is.
+The catalogue keeps `qemu+ssh://user@host[:port]/system` URIs, and the program dials them as they are, over
+libvirt's `ssh` transport, which runs OpenSSH: its `command` parameter names a small wrapper of ours that
+runs `ssh` with the mounted key and known_hosts only, host keys verified (`StrictHostKeyChecking=yes`),
+no prompt, no user or system configuration: the same options as the credentials delivery and the orphan
+finder (`stacks/kvm_ssh.py`); any port. (libvirt's own `qemu+ssh` ignores a `knownhosts` parameter, and
+its `qemu+libssh` transport, which honours one, froze here in `virStreamFinish` after a whole image upload
+under load, a known fault of that transport: docs/decisions.md.) A URI of another scheme
+(`test:///default` in the unit tests, `qemu:///system` on the host itself) is used as it is.
 
 A host key that the known_hosts file does not hold is `HostKeyRejectedError`: an `InvalidInputError`, so the
 automation stalls the stack with the message (the host and the fix) instead of retrying.
@@ -16,18 +19,27 @@ loads it and a missing install says what to do.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import os
+import shlex
+import stat
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from stacks.kvm_ssh import ssh_options
 from stacks.programs.component import InvalidInputError
 
 KEY_FILE = "id_ed25519"
 KNOWN_HOSTS_FILE = "known_hosts"
 # Ours to set; any value the catalogue carries for these is replaced (no_verify is refused by the model).
-SSH_PARAMETERS = ("keyfile", "knownhosts", "known_hosts", "known_hosts_verify", "no_verify", "sshauth")
+SSH_PARAMETERS = (
+    "command", "keyfile", "knownhosts", "known_hosts", "known_hosts_verify", "no_verify", "no_tty", "sshauth",
+)  # fmt: skip
 
 
 class HostKeyRejectedError(InvalidInputError):
@@ -52,19 +64,38 @@ def libvirt_module() -> Any:
 
 
 def connection_uri(uri: str, ssh_dir: str) -> str:
-    """A catalogue `qemu+ssh://` URI as `qemu+libssh://` with the mounted key and known_hosts, verified."""
+    """A catalogue `qemu+ssh://` URI with our `ssh` wrapper as its command (the mounted key and known_hosts,
+    verified); another scheme as it is."""
     parts = urlsplit(uri)
     if parts.scheme != "qemu+ssh":
         return uri
-    folder = ssh_dir.rstrip("/")
     query = [(key, value) for key, value in parse_qsl(parts.query) if key not in SSH_PARAMETERS]
-    query += [
-        ("keyfile", f"{folder}/{KEY_FILE}"),
-        ("known_hosts", f"{folder}/{KNOWN_HOSTS_FILE}"),
-        ("known_hosts_verify", "normal"),
-        ("sshauth", "privkey"),
-    ]
-    return urlunsplit(parts._replace(scheme="qemu+libssh", query=urlencode(query, safe="/")))
+    query += [("command", str(ssh_command(ssh_dir))), ("no_tty", "1")]
+    return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
+
+
+def ssh_command(ssh_dir: str) -> Path:
+    """The wrapper libvirt runs instead of `ssh`: written once per SSH folder into a folder only this user
+    can write (a 0700 folder of ours under the temporary directory; anything else there is refused)."""
+    text = (
+        "#!/bin/sh\n# proxy-operator: ssh with the mounted key and known_hosts only\n"
+        f'exec ssh {shlex.join(ssh_options(ssh_dir))} "$@"\n'
+    )
+    folder = Path(tempfile.gettempdir()) / f"proxy-operator-ssh-{os.getuid()}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    info = folder.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise RuntimeError(f"{folder} is not a private folder of this user: remove it and run again")
+    path = folder / f"ssh-{hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    if not path.exists():
+        # A file of its own for each writer (threads of one provider process dial at once), closed before
+        # the rename: libvirt must never exec a file that is still being written (ETXTBSY, or half a script).
+        handle, partial = tempfile.mkstemp(dir=folder, prefix=".ssh-")
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+            os.fchmod(out.fileno(), 0o700)
+        os.replace(partial, path)
+    return path
 
 
 def host_label(uri: str) -> str:
@@ -75,15 +106,22 @@ def host_label(uri: str) -> str:
 
 
 def _translated(exc: Exception, uri: str, ssh_dir: str) -> Exception:
-    text = str(exc)
-    if "host key" in text.lower():
+    text = said(str(exc))
+    if "host key" in text.lower() or "host identification has changed" in text.lower():
         return HostKeyRejectedError(
-            f"InvalidInput: the SSH host key of KVM host {host_label(uri)} was refused ({text.strip()}): "
-            f"record the host's key under '{host_label(uri)}' in the known_hosts of the kvm SSH Secret "
-            f"(mounted at {ssh_dir}), e.g. with ssh-keyscan (docs/kvm-provider.md, step 3); nothing was "
-            "created"
+            f"InvalidInput: the SSH host key of KVM host {host_label(uri)} was refused: record the host's "
+            f"key under '{host_label(uri)}' in the known_hosts of the kvm SSH Secret (mounted at "
+            f"{ssh_dir}), e.g. with ssh-keyscan (docs/kvm-provider.md, step 3); nothing was created. "
+            f"ssh said: {text}"
         )
-    return RuntimeError(f"cannot connect to KVM host {host_label(uri)} ({uri}): {text.strip()}")
+    return RuntimeError(f"cannot connect to KVM host {host_label(uri)} ({uri}): {text}")
+
+
+def said(text: str, *, limit: int = 400) -> str:
+    """What libvirt relayed of ssh's stderr, on one line: OpenSSH's `@@@` banners and blank runs dropped."""
+    words = [word for word in text.split() if set(word) != {"@"}]
+    line = " ".join(words)
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 @contextmanager

@@ -47,10 +47,16 @@ def gone() -> ReadResult:
 
 
 def find_pool(conn: Any, name: str) -> Any:
-    """The storage pool `name`, refreshed so files removed behind libvirt's back are seen as gone."""
+    """The storage pool `name`, refreshed so files removed behind libvirt's back are seen as gone. libvirt
+    refuses a refresh while a volume of the pool is being uploaded ("has asynchronous jobs running": another
+    proxy's disk or image, made at the same time); the pool is then used as libvirt knows it."""
     pool = conn.storagePoolLookupByName(name)
     if pool.isActive():
-        pool.refresh(0)
+        try:
+            pool.refresh(0)
+        except Exception as exc:
+            if "asynchronous jobs running" not in str(exc):
+                raise
     return pool
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from automation.engine import config
-from automation.engine.config import PulumiNotFoundError, find_pulumi
+from automation.engine.config import EngineConfig, PulumiNotFoundError, find_pulumi
 
 
 def _cli(folder: Path) -> Path:
@@ -61,3 +61,11 @@ def test_a_setting_that_is_no_executable_is_refused(places: dict[str, Path]) -> 
 def test_the_engine_puts_the_cli_folder_first_on_path(places: dict[str, Path], tmp_path: Path) -> None:
     engine = config.EngineConfig(backend_url="file:///x", state_dir=tmp_path, pulumi=places["setting"])
     assert engine.environment()["PATH"].split(":")[0] == str(places["setting"].parent)
+
+
+def test_every_cli_call_runs_with_grpcs_fork_handlers_off(tmp_path: Path) -> None:
+    """A dynamic provider that forks and execs (libvirt's ssh transport) lost its child to gRPC's fork
+    handlers (grpc/grpc#13873), seen on the test KVM host: every CLI call, so every program and provider
+    process, runs with them off."""
+    engine = EngineConfig(backend_url="file:///x", state_dir=tmp_path, pulumi=tmp_path / "pulumi")
+    assert engine.environment()["GRPC_ENABLE_FORK_SUPPORT"] == "false"

@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from tests.kvm.host import KvmHost
+from tests.kvm.namespace import NS_IP
 
 BRIDGE_IP = "192.168.122.1"  # the namespace's side of libvirt's NAT network: the guests reach it
-REFUSED_IP = "10.246.0.2"  # the same namespace, on its veth: a private address the default policy refuses
+REFUSED_IP = NS_IP  # the same namespace, on its veth: a private address the default policy refuses
 SITE_PORT = 8089
 REQUEST = """import base64, http.client, sys
 proxy, port, url, creds = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
@@ -65,6 +66,20 @@ class HostView:
                 d.name(): (d.UUIDString(), bool(d.isActive()), d.maxMemory() // 1024)
                 for d in conn.listAllDomains()
             }
+
+    def address(self, name: str) -> str | None:
+        """The domain's IPv4 address from its DHCP lease, None while it has none (or no domain)."""
+        with self.conn() as conn:
+            try:
+                domain = conn.lookupByName(name)
+                found = domain.interfaceAddresses(self.libvirt.VIR_DOMAIN_INTERFACE_ADDRESSES_SRC_LEASE, 0)
+            except self.libvirt.libvirtError:
+                return None
+        for interface in found.values():
+            for address in interface.get("addrs") or []:
+                if address["type"] == self.libvirt.VIR_IP_ADDR_TYPE_IPV4:
+                    return str(address["addr"])
+        return None
 
     def volumes(self) -> set[str]:
         with self.conn() as conn:

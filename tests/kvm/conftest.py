@@ -36,9 +36,10 @@ def libvirt() -> Any:
         pytest.fail(str(exc), pytrace=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def kvm_host(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[KvmHost]:
-    """The test KVM host for the whole session (at most one per machine at a time)."""
+    """The test KVM host for tests/kvm, stopped after its last test (one per machine and slot at a time:
+    `PROXY_OPERATOR_KVM_HOST_SLOT`, tests/kvm/namespace.py)."""
     workdir = tmp_path_factory.mktemp("kvm", numbered=True)
     failure = ""
     with ExitStack() as stack:

@@ -5,7 +5,7 @@ session left, makes the namespace (tests/kvm/namespace.py), then starts inside i
 foreground: virtlogd, libvirtd (the copied /etc/libvirt, QEMU as root, no cgroups), and sshd on NS_IP:2222
 with a host key of its own, key-only. Through a local connection (libvirtd's socket, reached under
 /proc/HOLDER/root) it starts libvirt's `default` NAT network and a `dir` pool `default` in the work folder.
-It yields a `KvmHost`: the qemu+libssh URI the service under test uses (it reaches libvirtd only through
+It yields a `KvmHost`: the SSH URI the service under test uses (it reaches libvirtd only through
 that sshd, from the host's side of the veth), the key and known_hosts, and `inside()` to run commands in the
 namespace (guests' 192.168.122.0/24 is reachable only there).
 
@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from stacks.programs.libvirt_conn import connection_uri
 from tests.kube.apiserver import ApiServerUnavailable, Child, start, wait_until
 from tests.kube.node_host import HostSetupFailed
 from tests.kvm.host_config import (
@@ -76,11 +77,16 @@ class KvmHost:
         return self.files.known_hosts
 
     def uri(self, *, known_hosts: Path | None = None) -> str:
-        """The qemu+libssh URI with host key verification on (known_hosts: another file to verify with)."""
-        return (
-            f"qemu+libssh://{self.user}@{self.address}:{self.port}/system?keyfile={self.key}"
-            f"&known_hosts={known_hosts or self.known_hosts}&known_hosts_verify=normal&sshauth=privkey"
-        )
+        """The URI the kvm program dials for `catalogue_uri` (`stacks/programs/libvirt_conn.py`: OpenSSH with
+        the key and known_hosts only, host keys verified). `known_hosts`: another file to verify with, named
+        `known_hosts` in a folder of its own (the key is copied beside it)."""
+        folder = self.key.parent
+        if known_hosts is not None:
+            assert known_hosts.name == "known_hosts", "the program reads <folder>/known_hosts"
+            folder = known_hosts.parent
+            shutil.copyfile(self.key, folder / "id_ed25519")
+            (folder / "id_ed25519").chmod(0o600)
+        return connection_uri(self.catalogue_uri, str(folder))
 
     @property
     def catalogue_uri(self) -> str:

@@ -27,12 +27,18 @@ from pathlib import Path
 from tests.kube.apiserver import die_with_parent
 from tests.kube.node_host import HOST_DIR, HostSetupFailed, is_zombie, sh
 
-HOST_LINK, NS_LINK = "pokh0", "pokn0"
-HOST_IP, NS_IP, PREFIX = "10.246.0.1", "10.246.0.2", 30
-NFT_TABLE = "pon_kvm_containment"
+# A second clone on the machine (a developer's beside a CI run) takes another slot, 1-9: its own veth,
+# addresses, nft table and lock. Slot 0, the default, keeps the plain names.
+SLOT = int(os.environ.get("PROXY_OPERATOR_KVM_HOST_SLOT", "0"))
+if not 0 <= SLOT <= 9:
+    raise ValueError(f"PROXY_OPERATOR_KVM_HOST_SLOT={SLOT}: a slot is 0 to 9")
+_TAG = "" if SLOT == 0 else str(SLOT)
+HOST_LINK, NS_LINK = f"pokh{SLOT}", f"pokn{SLOT}"
+HOST_IP, NS_IP, PREFIX = f"10.246.{SLOT}.1", f"10.246.{SLOT}.2", 30
+NFT_TABLE = f"pon_kvm_containment{_TAG}"
 LIBVIRT_FOLDERS = ("/var/lib/libvirt", "/var/log/libvirt", "/var/cache/libvirt")
-RECORD = HOST_DIR / "kvm-host.record.json"
-LOCK = HOST_DIR / "kvm-host.lock"
+RECORD = HOST_DIR / f"kvm-host{_TAG}.record.json"
+LOCK = HOST_DIR / f"kvm-host{_TAG}.lock"
 
 
 @dataclass

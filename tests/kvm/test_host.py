@@ -1,9 +1,9 @@
-"""The test KVM host end to end, the way the kvm program will use it: libvirt-python over the
-qemu+libssh URI (key, known_hosts, verification on) uploads a guest image as a base volume, makes a
-copy-on-write volume on it and a NoCloud cidata ISO, defines and starts a TCG domain, which gets a DHCP lease
-from the default network and runs the project's own proxy setup (cloud-init user-data), so tinyproxy answers
-on the configured port inside the namespace. Removing it leaves the base volume. A known_hosts that does
-not hold the host's key is refused before anything is done."""
+"""The test KVM host end to end, the way the kvm program will use it: libvirt-python over the catalogue's
+qemu+ssh URI as the program dials it (OpenSSH with the key and known_hosts, verification on) uploads a guest
+image as a base volume, makes a copy-on-write volume on it and a NoCloud cidata ISO, defines and starts a TCG
+domain, which gets a DHCP lease from the default network and runs the project's own proxy setup (cloud-init
+user-data), so tinyproxy answers on the configured port inside the namespace. Removing it leaves the base
+volume. A known_hosts that does not hold the host's key is refused before anything is done."""
 
 from __future__ import annotations
 
@@ -97,7 +97,7 @@ def qemu_rss_mib(host: KvmHost, name: str) -> float:
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
 
 
-def test_a_fast_guest_boots_over_libssh_and_its_proxy_answers(
+def test_a_fast_guest_boots_over_ssh_and_its_proxy_answers(
     libvirt: Any, kvm_host: KvmHost, fast_image: GuestImage, say: Callable[[str], None]
 ) -> None:
     times = _boot_and_remove(libvirt, kvm_host, fast_image, say)

@@ -1,15 +1,15 @@
-"""The kvm program through the real Pulumi engine against the test KVM host (tests/kvm/host.py): libvirtd in
-a namespace of its own, reached over SSH with a `qemu+ssh://root@10.246.0.2:2222/system` catalogue URI (a
-port, as the example catalogue's second host), dialled as `qemu+libssh` with the key and known_hosts.
+"""The kvm program through the real Pulumi engine against the test KVM host (tests/kvm/host.py): libvirtd in a
+namespace of its own, reached over SSH with a `qemu+ssh://root@10.246.0.2:2222/system` catalogue URI (a port,
+as the example catalogue's second host), dialled over OpenSSH with the key and known_hosts (`libvirt_conn`).
 
 `up` of one kvm Proxy on the fast guest image (domain type `qemu`: TCG; this machine's /dev/kvm cannot run
 stock guest kernels) uploads the base image, makes the overlay, the cidata disk and the domain, waits for its
-lease, and delivers the generated credentials over SSH and the guest agent; the proxy then answers from
-inside the namespace: 407 without credentials, 200 through to a web server in the namespace that the egress
-policy allows, and not 200 to the same server at an address the policy refuses (private ranges). `destroy`
-removes the domain, the overlay and the cidata disk and keeps the base image. A known_hosts without the
-host's key stalls the stack (a permanent error naming the host and the fix) with nothing created, and a
-domain type the host cannot run fails within seconds.
+lease, and delivers the generated credentials over SSH and the guest agent; the proxy then answers from inside
+the namespace: 407 without credentials, 200 through to a web server in the namespace that the egress policy
+allows, and not 200 to the same server at an address the policy refuses (private ranges). `destroy` removes
+the domain, the overlay and the cidata disk and keeps the base image. A known_hosts without the host's key
+stalls the stack (a permanent error naming the host and the fix) with nothing created, and a domain type the
+host cannot run fails within seconds.
 
 Nothing is mocked. One guest at a time: each takes a core while it boots.
 """
@@ -105,6 +105,8 @@ def kvm_stack(
     monkeypatch.setenv(
         "PYTHONPATH", str(ROOT)
     )  # the dynamic providers unpickle stacks.programs.* by reference
+    # as the service's engine sets it for every CLI call (automation/engine/config.py): libvirt forks ssh
+    monkeypatch.setenv("GRPC_ENABLE_FORK_SUPPORT", "false")
     made: list[KvmStack] = []
 
     def make(*, entry: dict[str, Any], right_key: bool = True) -> KvmStack:

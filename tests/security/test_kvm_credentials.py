@@ -35,8 +35,17 @@ case "$*" in
   *guest-ping*) [ -e "$(dirname "$0")/agent-down" ] && exit 1; echo '{"return": {}}'; exit 0 ;;
   *guest-exec-status*) echo "{\"return\": {\"exitcode\": ${EXITCODE:-0}, \"exited\": true}}"; exit 0 ;;
 esac
-# No command: virsh reads its commands from stdin.
+# No command: virsh reads its commands from stdin. While a `no-receiver` file holds a count above 0, the
+# guest has no receiver yet (cloud-init still running): the agent's error, as libvirt words it.
 cat > "$(dirname "$0")/stdin"
+WAIT="$(dirname "$0")/no-receiver"
+if [ -e "$WAIT" ] && [ "$(cat "$WAIT")" -gt 0 ]; then
+  echo $(( $(cat "$WAIT") - 1 )) > "$WAIT"
+  printf '%s%s\n' "error: internal error: unable to execute QEMU agent command 'guest-exec': Guest agent " \
+    "command failed, error was 'Failed to execute child process (No such file or directory)'" >&2
+  exit 0  # virsh reading commands from stdin exits 0 after a failed command (seen on the test KVM host)
+fi
+[ -e "$(dirname "$0")/exec-refused" ] && { echo "error: guest-exec is disabled" >&2; exit 1; }
 echo '{"return": {"pid": 4242}}'
 """
 PROPS = {
@@ -58,6 +67,7 @@ def fake_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     virsh.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     monkeypatch.setattr(kvm_credentials, "POLL_SECONDS", 0)
+    monkeypatch.setattr(kvm_credentials, "RECEIVER_POLL_SECONDS", 0)
     return tmp_path
 
 
@@ -100,6 +110,30 @@ def test_a_failing_setup_in_the_guest_fails_the_delivery(
         GuestCredentialsProvider(runner=LocalShell()).create(dict(PROPS))
 
 
+def test_a_guest_without_its_receiver_yet_is_asked_again_until_cloud_init_wrote_it(fake_host: Path) -> None:
+    """Seen on the test KVM host: the image's agent answers before cloud-init wrote the receiver."""
+    (fake_host / "no-receiver").write_text("3")
+    GuestCredentialsProvider(runner=LocalShell()).create(dict(PROPS))
+    assert (fake_host / "no-receiver").read_text().strip() == "0"
+    assert "guest-exec-status" in (fake_host / "calls").read_text()
+
+
+def test_a_receiver_that_never_appears_fails_the_delivery_naming_it(
+    fake_host: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (fake_host / "no-receiver").write_text("99")
+    monkeypatch.setattr(kvm_credentials, "RECEIVER_WAIT_TRIES", 3)
+    with pytest.raises(RuntimeError, match=f"cloud-init never wrote {RECEIVER_PATH}"):
+        GuestCredentialsProvider(runner=LocalShell()).create(dict(PROPS))
+
+
+def test_another_guest_exec_refusal_fails_at_once(fake_host: Path) -> None:
+    (fake_host / "exec-refused").touch()
+    with pytest.raises(RuntimeError, match=r"guest-exec of the credentials receiver failed: .*disabled"):
+        GuestCredentialsProvider(runner=LocalShell()).create(dict(PROPS))
+    assert (fake_host / "calls").read_text().count("ARGV -q -c qemu:///system\n") <= 1
+
+
 def test_a_guest_agent_that_never_answers_fails_the_delivery(
     fake_host: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -117,7 +151,8 @@ def test_ssh_verifies_the_host_key_with_the_mounted_files_only() -> None:
     options = {argv[i + 1] for i, arg in enumerate(argv) if arg == "-o"}
     assert {"StrictHostKeyChecking=yes", "BatchMode=yes", "IdentitiesOnly=yes"} <= options
     assert "UserKnownHostsFile=/etc/proxy-operator/kvm/known_hosts" in options
-    assert argv[3:7] == ["-i", "/etc/proxy-operator/kvm/id_ed25519", "-p", "2222"]
+    assert argv[3:5] == ["-i", "/etc/proxy-operator/kvm/id_ed25519"]
+    assert argv[-5:-3] == ["-p", "2222"]
 
 
 def test_the_hosts_own_libvirt_uri_comes_from_the_catalogue_uri() -> None:

@@ -9,8 +9,11 @@ test KVM host. Nothing is mocked here.
 
 from __future__ import annotations
 
+import os
 import secrets
+import shlex
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +26,7 @@ from stacks.programs.libvirt_cidata import write_iso
 from stacks.programs.libvirt_conn import HostKeyRejectedError, _translated, connection_uri, libvirt_module
 from stacks.programs.libvirt_domain import DomainProvider, _kvm_hint, domain_xml
 from stacks.programs.libvirt_guest import GuestStartError, wait_for_address
+from stacks.programs.libvirt_resource import find_pool
 from stacks.programs.libvirt_upload import image_format, volume_xml
 from stacks.programs.libvirt_volumes import BaseVolumeProvider, ProxyVolumeProvider
 
@@ -62,27 +66,53 @@ def _base(conn: Any) -> Any:
 # --- the connection ---------------------------------------------------------------------------------------
 
 
-def test_a_catalogue_uri_becomes_libssh_with_the_mounted_key_and_known_hosts_verified() -> None:
+def test_a_catalogue_uri_runs_our_ssh_wrapper_with_the_mounted_key_and_known_hosts_verified() -> None:
     uri = connection_uri(
-        "qemu+ssh://virt@hv1.lan:2222/system?socket=/run/libvirt/libvirt-sock&no_verify=1&knownhosts=/x",
+        "qemu+ssh://virt@hv1.lan:2222/system?socket=/run/libvirt/libvirt-sock&no_verify=1&knownhosts=/x"
+        "&command=/bin/evil&keyfile=/other",
         "/etc/proxy-operator/kvm/",
     )
     parts = urlsplit(uri)
     assert (parts.scheme, parts.username, parts.hostname, parts.port, parts.path) == (
-        "qemu+libssh",
+        "qemu+ssh",
         "virt",
         "hv1.lan",
         2222,
         "/system",
     )
-    assert parse_qs(parts.query) == {
+    query = parse_qs(parts.query)
+    [command] = query.pop("command")
+    assert query == {
         "socket": ["/run/libvirt/libvirt-sock"],  # the catalogue's own parameters stay
-        "keyfile": ["/etc/proxy-operator/kvm/id_ed25519"],
-        "known_hosts": ["/etc/proxy-operator/kvm/known_hosts"],
-        "known_hosts_verify": ["normal"],  # never off: no_verify and knownhosts are ours to set
-        "sshauth": ["privkey"],
+        "no_tty": ["1"],  # never off: no_verify, knownhosts, keyfile and command are ours to set
     }
+    wrapper = Path(command)
+    assert wrapper.stat().st_mode & 0o777 == 0o700
+    assert wrapper.parent.stat().st_mode & 0o777 == 0o700
+    argv = shlex.split(wrapper.read_text().splitlines()[-1])
+    assert argv[:2] == ["exec", "ssh"]
+    assert argv[-1] == "$@"
+    options = dict(zip(argv[2:-1:2], argv[3:-1:2], strict=True))
+    assert options["-F"] == "/dev/null"
+    assert options["-i"] == "/etc/proxy-operator/kvm/id_ed25519"
+    given = [value for flag, value in zip(argv[2:-1:2], argv[3:-1:2], strict=True) if flag == "-o"]
+    assert "StrictHostKeyChecking=yes" in given
+    assert "UserKnownHostsFile=/etc/proxy-operator/kvm/known_hosts" in given
+    assert "GlobalKnownHostsFile=/dev/null" in given
+    assert "BatchMode=yes" in given
+    assert connection_uri(uri.replace("/system", "/system"), "/etc/proxy-operator/kvm/") == uri  # stable
     assert connection_uri(TEST_URI, "/x") == TEST_URI
+
+
+def test_the_ssh_wrapper_folder_must_be_private() -> None:
+    folder = Path(tempfile.gettempdir()) / f"proxy-operator-ssh-{os.getuid()}"
+    connection_uri("qemu+ssh://virt@hv1.lan/system", "/k")
+    folder.chmod(0o777)
+    try:
+        with pytest.raises(RuntimeError, match="is not a private folder"):
+            connection_uri("qemu+ssh://virt@hv1.lan/system", "/k")
+    finally:
+        folder.chmod(0o700)
 
 
 def test_a_refused_host_key_is_a_permanent_error_naming_the_host_and_the_fix() -> None:
@@ -100,6 +130,59 @@ def test_a_refused_host_key_is_a_permanent_error_naming_the_host_and_the_fix() -
     other = _translated(Exception("Connection refused"), "qemu+ssh://root@kvm1/system", "/k")
     assert not isinstance(other, HostKeyRejectedError)
     assert "kvm1" in str(other)
+
+
+OPENSSH_CHANGED = (
+    """Cannot recv data: @@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+@    WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED!     @
+@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@@
+IT IS POSSIBLE THAT SOMEONE IS DOING SOMETHING NASTY!
+Someone could be eavesdropping on you right now (man-in-the-middle attack)!
+It is also possible that a host key has just been changed.
+"""
+    + "The fingerprint for the ED25519 key sent by the remote host is SHA256:x. " * 8
+    + """
+Host key verification failed.: Connection reset by peer"""
+)
+
+
+def test_openssh_refusing_a_changed_host_key_says_the_fix_first() -> None:
+    """What libvirt relays of OpenSSH's refusal (seen on the test KVM host): the banner, then the reason; the
+    fix comes first, so a shortened message (the Proxy's condition) still carries it."""
+    error = _translated(Exception(OPENSSH_CHANGED), "qemu+ssh://root@10.0.0.2:2222/system", "/k")
+    assert isinstance(error, HostKeyRejectedError)
+    text = str(error)
+    assert text.index("known_hosts") < 200
+    assert "@@@" not in text
+    assert "REMOTE HOST IDENTIFICATION HAS CHANGED" in text
+    assert len(text) < 800
+
+
+def test_a_pool_busy_with_an_upload_is_used_without_a_refresh() -> None:
+    """libvirt refuses to refresh a pool while a volume uploads into it (another resource made at the same
+    time): seen on the test KVM host; anything else still fails."""
+
+    class Pool:
+        def __init__(self, error: str) -> None:
+            self.error = error
+
+        def isActive(self) -> bool:
+            return True
+
+        def refresh(self, _flags: int) -> None:
+            raise RuntimeError(self.error)
+
+    class Conn:
+        def __init__(self, pool: Pool) -> None:
+            self.pool = pool
+
+        def storagePoolLookupByName(self, _name: str) -> Pool:
+            return self.pool
+
+    busy = Pool("internal error: pool 'default' has asynchronous jobs running.")
+    assert find_pool(Conn(busy), "default") is busy
+    with pytest.raises(RuntimeError, match="storage pool is not active"):
+        find_pool(Conn(Pool("storage pool is not active")), "default")
 
 
 # --- volumes --------------------------------------------------------------------------------------------
