@@ -7,7 +7,9 @@ host's libvirt network, and has a serial console (`virsh console`, also logged b
 agent's channel (the credentials and an address take it) and a virtio RNG. Its id is its UUID, which the
 orphan finder matches; its description carries our marks (`stacks/marks.py`).
 
-A create that fails (paused, stopped, no address in time) removes the domain again: the engine records
+A new domain starts from a fresh disk: its copy-on-write volume is made empty again first (`fresh_disk`), so
+a VM made again after drift or replaced by a spec change never boots what a lost VM half-wrote. A create
+that fails (paused, stopped, no address in time) removes the domain again: the engine records
 nothing, so nothing else would. `read` finds a domain removed by hand gone (refresh drops it, the next `up`
 makes it again), a stopped one `running: false`, which the next `up` starts again (an update), and a
 running one at its current address. Any change
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from xml.etree import ElementTree
 from xml.sax.saxutils import escape, quoteattr
 
 import pulumi
@@ -28,6 +31,7 @@ from stacks.programs import dynamic_pickling
 from stacks.programs.libvirt_conn import connected, is_missing, libvirt_module
 from stacks.programs.libvirt_guest import GuestStartError, current_address, wait_for_address
 from stacks.programs.libvirt_resource import compare, gone
+from stacks.programs.libvirt_upload import volume_xml
 
 LEASE_TIMEOUT_SECONDS = 300
 TB_CACHE_MIB = 128
@@ -112,12 +116,14 @@ def _kvm_hint(props: dict[str, Any]) -> Iterator[None]:
 
 
 def _define(conn: Any, props: dict[str, Any]) -> Any:
-    """A new domain; never a redefinition (libvirt would take a same-named domain's UUID and rewrite it)."""
+    """A new domain on a fresh disk; never a redefinition (libvirt would take a same-named domain's UUID and
+    rewrite it), and never a reset of the disk of a VM that still runs under the name."""
     try:
         taken = conn.lookupByName(props["name"])
     except Exception as exc:
         if not is_missing(exc, *MISSING):
             raise
+        fresh_disk(conn, props["diskPath"])
         with _kvm_hint(props):
             return conn.defineXML(domain_xml(props))
     raise RuntimeError(
@@ -125,6 +131,28 @@ def _define(conn: Any, props: dict[str, Any]) -> Any:
         "forgotten with skip-cleanup keeps its VM; remove that VM (virsh destroy + undefine) or rename the "
         "Proxy"
     )
+
+
+def fresh_disk(conn: Any, path: str) -> None:
+    """Empty the proxy's copy-on-write disk again (the same volume: name, size, backing image) before a new
+    domain boots it. A VM is stateless (cloud-init and the delivered credentials make it), and a disk a
+    lost VM left may be half-written: a VM destroyed by hand (drift) left zero-length cloud-init caches and
+    a truncated nftables.conf on the test KVM host, and the next boot came up with no network."""
+    try:
+        volume = conn.storageVolLookupByPath(path)
+    except Exception as exc:
+        if is_missing(exc, "VIR_ERR_NO_STORAGE_VOL"):
+            return  # not a volume libvirt knows: the domain's start says what is wrong
+        raise
+    tree = ElementTree.fromstring(volume.XMLDesc(0))
+    backing = tree.findtext("backingStore/path")
+    if not backing:
+        return  # not an overlay: nothing to reset from
+    name = tree.findtext("name") or volume.name()
+    capacity = int(tree.findtext("capacity") or 0)
+    pool = volume.storagePoolLookupByVolume()
+    volume.delete(0)
+    pool.createXML(volume_xml(name=name, capacity=capacity, fmt="qcow2", backing=backing), 0)
 
 
 class DomainProvider(ResourceProvider):
