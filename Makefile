@@ -5,11 +5,12 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+KVM_STAMP := $(VENV)/.installed-kvm
 export PATH := $(CURDIR)/.tools/bin:$(CURDIR)/$(VENV)/bin:$(PATH)
 export PULUMI_SKIP_UPDATE_CHECK := true
 
 .DEFAULT_GOAL := help
-.PHONY: help install system-deps test-deps bench-deps venv tools kube-tools kube-api-tools kube-node-tools run test lint bench clean kvm-ssh-secret lock image faults
+.PHONY: help install system-deps test-deps kvm-deps bench-deps venv kvm-python kvm-image tools kube-tools kube-api-tools kube-node-tools run test lint bench clean kvm-ssh-secret lock image faults
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -22,6 +23,9 @@ system-deps: ## Python 3.11 with venv, from Debian's packages when missing (apt-
 test-deps: ## what the tests start or call: redis-server, pgrep, ssh-keygen, openssl (as system-deps)
 	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh test
 
+kvm-deps: ## the test KVM host and make kvm-image: libvirt, QEMU, dnsmasq, sshd, mmdebstrap, extlinux (part of test-deps)
+	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh kvm
+
 bench-deps: ## the daemons the benchmarks compare with: tinyproxy, dante-server (started by no postinst)
 	@PYTHON=$(PYTHON) bash scripts/install-system-deps.sh bench
 
@@ -31,6 +35,12 @@ $(STAMP): pyproject.toml requirements.lock clients/python/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c requirements.lock -e '.[test]' -e 'clients/python[scrapy]'  # + the client package
+	@touch $@
+
+kvm-python: $(KVM_STAMP) ## libvirt-python, the [kvm] extra (an sdist: built against libvirt-dev from kvm-deps)
+
+$(KVM_STAMP): $(STAMP) | kvm-deps
+	$(PY) -m pip install -q -c requirements.lock -e '.[test,kvm]'
 	@touch $@
 
 tools: ## Pulumi CLI + Python language host (official bundle, else built with Go); idempotent
@@ -49,7 +59,7 @@ kube-node-tools: ## the test node's programs (kubelet, ..., CoreDNS) and its ima
 run: install ## provision the sample local proxies with the real engine and serve the discovery API
 	$(VENV)/bin/proxy-operator serve --manifests examples/local
 
-test: install test-deps ## run the test suite (unit tests and real-engine tests), with make kube-tools beside it
+test: install test-deps kvm-python ## run the test suite (unit tests and real-engine tests), with make kube-tools beside it
 	@PY=$(PY) bash scripts/test.sh
 
 FAULT_SEEDS ?= 1 2 3
@@ -68,6 +78,10 @@ bench: install bench-deps ## benchmarks: figures and ratios against baselines me
 image: tools ## container image from the Dockerfile with podman, no registry (root; the node tests build it too: tests/kube/operator_image.py)
 	@bash scripts/install-k8s-plugin.sh
 	@bash scripts/build-image.sh
+
+KVM_IMAGE ?= full
+kvm-image: kvm-deps ## the kvm guest image from Debian's packages, cached outside the clone (KVM_IMAGE=fast: the tests' fast-boot one)
+	@bash scripts/build-kvm-image.sh $(KVM_IMAGE)
 
 kvm-ssh-secret: ## print/apply the kvm-ssh Secret (KVM_SSH_KEY, KVM_KNOWN_HOSTS); refuses a .pub key
 	@bash scripts/kvm-ssh-secret.sh

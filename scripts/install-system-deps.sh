@@ -4,6 +4,7 @@
 #
 # usage: scripts/install-system-deps.sh base   Python 3.11 with venv (make install / make run)
 #        scripts/install-system-deps.sh test   what the tests start or call (make test)
+#        scripts/install-system-deps.sh kvm    the test KVM host and make kvm-image (part of test)
 #        scripts/install-system-deps.sh bench  the daemons the benchmarks measure ours against (make bench)
 # As root it runs apt-get; otherwise `sudo -n apt-get` when sudo needs no password; else it stops with the
 # command to run, naming each package. Idempotent and quick: with everything present it only looks.
@@ -24,6 +25,19 @@ want() {  # want PROGRAM PACKAGE WHAT-USES-IT
   why+=("$1 (Debian package $2): $3")
 }
 
+want_file() {  # want_file PATH PACKAGE WHAT-USES-IT: a data file, not a program
+  [ -e "$1" ] && return 0
+  need+=("$2")
+  why+=("$1 (Debian package $2): $3")
+}
+
+want_pc() {  # want_pc PKG-CONFIG-NAME PACKAGE WHAT-USES-IT: C headers and library found by pkg-config
+  want pkg-config pkg-config "$3"
+  command -v pkg-config >/dev/null 2>&1 && pkg-config --exists "$1" && return 0
+  need+=("$2")
+  why+=("$1.pc (Debian package $2): $3")
+}
+
 base() {
   want "$python" "${python}" "the virtual environment (.venv)"
   if command -v "$python" >/dev/null 2>&1 && ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
@@ -32,7 +46,8 @@ base() {
   fi
 }
 
-tests() {  # redis-server, containerd and podman would start as services on a systemd host: the tests start their own
+tests() {  # redis-server, containerd, podman, libvirtd and sshd would start as services on a systemd host: the tests
+  # start their own
   deny_daemons=1
   want redis-server redis-server "the discovery store tests (tests/service/conftest.py starts one on loopback)"
   want pgrep procps "the real-engine tests find the local proxies they started"
@@ -49,11 +64,27 @@ tests() {  # redis-server, containerd and podman would start as services on a sy
   want ipset ipset "kube-router enforces NetworkPolicy on the test node with ipsets"
   want iptables iptables "kube-router's NetworkPolicy rules on the test node"
   want gcc gcc "the test node's pause image is a static C binary (tests/kube/images.py)"
-  want mmdebstrap mmdebstrap "make image (scripts/build-image.sh): the service image's base from Debian's packages; the test node runs it"
   want podman podman "make image builds the service image from the Dockerfile without a registry"
   want newuidmap uidmap "podman's user namespaces (make image)"
   want chromium chromium "tests/service/ui/test_browser.py shows the fleet page in a headless browser"
   want chromedriver chromium-driver "Selenium drives that chromium (tests/service/ui/browser.py)"
+  kvm
+}
+
+kvm() {  # the test KVM host (tests/kvm/host.py starts its own libvirtd, virtlogd and sshd in a namespace)
+  deny_daemons=1
+  want mmdebstrap mmdebstrap "make image and make kvm-image: the service image's base and the guest images, from Debian's packages"
+  want libvirtd libvirt-daemon-system "tests/kvm/host.py: the test KVM host's libvirtd and virtlogd"
+  want virsh libvirt-clients "the SSH side of qemu+libssh URIs (virt-ssh-helper) and checks by hand"
+  want qemu-system-x86_64 qemu-system-x86 "the test KVM host's guests (TCG: domain type qemu)"
+  want qemu-img qemu-utils "make kvm-image (scripts/build-kvm-image.sh) and the pool's volumes"
+  want dnsmasq dnsmasq-base "DHCP on the test KVM host's default NAT network"
+  want sshd openssh-server "tests/kvm/host.py: the SSH server the service reaches libvirtd through"
+  want genisoimage genisoimage "the guests' NoCloud cidata disks (tests/kvm)"
+  want extlinux extlinux "make kvm-image: the guest image's boot loader"
+  want_file "${PROXY_OPERATOR_SYSLINUX_DIR:-/usr/lib/syslinux}/mbr/mbr.bin" syslinux-common "make kvm-image: the guest image's MBR boot code"
+  want sfdisk fdisk "make kvm-image: the guest image's partition table"
+  want_pc libvirt libvirt-dev "libvirt-python (the [kvm] extra) builds from source against it"
 }
 
 bench() {  # the benchmark starts its own copies on loopback: none may be left running as a service
@@ -66,8 +97,9 @@ bench() {  # the benchmark starts its own copies on loopback: none may be left r
 case "${1:-}" in
   base) base ;;
   test) base; tests ;;
+  kvm) base; kvm ;;
   bench) base; bench ;;
-  *) die "usage: $0 base|test|bench" ;;
+  *) die "usage: $0 base|test|kvm|bench" ;;
 esac
 ((${#need[@]})) || exit 0
 

@@ -32,7 +32,23 @@ TEST_PROGRAMS = {
     "mmdebstrap",
     "podman",
     "newuidmap",
+    # the test KVM host (tests/kvm/host.py) and make kvm-image
+    "libvirtd",
+    "virsh",
+    "qemu-system-x86_64",
+    "qemu-img",
+    "dnsmasq",
+    "sshd",
+    "genisoimage",
+    "extlinux",
+    "sfdisk",
+    "pkg-config",  # a stand-in exiting 0: `pkg-config --exists libvirt` says libvirt-dev is there
+    "mbr.bin",  # syslinux's MBR, looked for in PROXY_OPERATOR_SYSLINUX_DIR/mbr (the stand-ins' folder here)
 }
+KVM_PACKAGES = (
+    "extlinux fdisk genisoimage libvirt-clients libvirt-daemon-system libvirt-dev openssh-server pkg-config"
+    " qemu-system-x86 qemu-utils syslinux-common"
+)
 
 
 def _stub(folder: Path, name: str, body: str = "exit 0") -> None:
@@ -49,10 +65,14 @@ def _machine(tmp_path: Path, *, present: set[str], uid: int = 0) -> tuple[Path, 
         os.symlink(shutil.which(tool) or f"/usr/bin/{tool}", bin_dir / tool)
     for name in present | {"python3.11"}:
         _stub(bin_dir, name)
+    if "mbr.bin" in present:
+        (bin_dir / "mbr").mkdir()
+        (bin_dir / "mbr.bin").rename(bin_dir / "mbr" / "mbr.bin")
     log = tmp_path / "apt.log"
     _stub(bin_dir, "apt-get", f'echo "$*" >> {log}')
     _stub(bin_dir, "id", f"echo {uid}")
-    return log, {"PATH": str(bin_dir), "HOME": str(tmp_path), "PROXY_OPERATOR_CNI_DIR": str(bin_dir)}
+    folders = {"PROXY_OPERATOR_CNI_DIR": str(bin_dir), "PROXY_OPERATOR_SYSLINUX_DIR": str(bin_dir)}
+    return log, {"PATH": str(bin_dir), "HOME": str(tmp_path), **folders}
 
 
 def _run(env: dict[str, str], group: str) -> subprocess.CompletedProcess[str]:
@@ -113,9 +133,46 @@ def test_the_test_nodes_runtime_and_network_come_from_debian(tmp_path: Path) -> 
     assert log.read_text().splitlines()[1] == f"install -y -qq --no-install-recommends {packages}"
 
 
-def _bench_machine(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
-    """As _machine with nothing present, apt-get also noting what the policy-rc.d answers while it runs."""
-    log, env = _machine(tmp_path, present=set())
+def test_the_test_kvm_host_and_its_image_tools_come_from_debian_with_no_daemon_started(
+    tmp_path: Path,
+) -> None:
+    kvm = {"libvirtd", "virsh", "qemu-system-x86_64", "qemu-img", "dnsmasq", "sshd", "genisoimage",
+           "extlinux", "sfdisk", "pkg-config", "mbr.bin"}  # fmt: skip
+    log, policy, env = _bench_machine(tmp_path, present=TEST_PROGRAMS - kvm)
+    result = _run(env, "test")
+    assert result.returncode == 0, result.stderr
+    assert "missing libvirtd (Debian package libvirt-daemon-system): tests/kvm/host.py" in result.stdout
+    assert "missing libvirt.pc (Debian package libvirt-dev)" in result.stdout
+    assert "mbr/mbr.bin (Debian package syslinux-common)" in result.stdout
+    calls = log.read_text().splitlines()
+    assert calls[2] == f"install -y -qq --no-install-recommends dnsmasq-base {KVM_PACKAGES}"
+    assert calls[3] == "policy 101"  # libvirtd, virtlogd and sshd are started by the tests, never by apt
+    assert not policy.exists()
+
+
+def test_the_kvm_group_alone_installs_the_kvm_host_with_no_daemon_started(tmp_path: Path) -> None:
+    log, policy, env = _bench_machine(tmp_path, present={"mmdebstrap", "dnsmasq"})
+    result = _run(env, "kvm")
+    assert result.returncode == 0, result.stderr
+    calls = log.read_text().splitlines()
+    assert calls[2:4] == [f"install -y -qq --no-install-recommends {KVM_PACKAGES}", "policy 101"]
+    assert not policy.exists()
+
+
+def test_libvirt_dev_is_installed_when_pkg_config_does_not_find_libvirt(tmp_path: Path) -> None:
+    log, env = _machine(tmp_path, present=TEST_PROGRAMS - {"pkg-config"})
+    _stub(tmp_path / "bin", "pkg-config", '[ "$*" != "--exists libvirt" ]')
+    result = _run(env, "test")
+    assert result.returncode == 0, result.stderr
+    assert log.read_text().splitlines()[1] == "install -y -qq --no-install-recommends libvirt-dev"
+
+
+def _bench_machine(
+    tmp_path: Path, *, present: frozenset[str] | set[str] = frozenset()
+) -> tuple[Path, Path, dict[str, str]]:
+    """As _machine (nothing present by default), apt-get also noting what the policy-rc.d answers while it
+    runs."""
+    log, env = _machine(tmp_path, present=set(present))
     policy = tmp_path / "policy-rc.d"
     answer = f'[ -x {policy} ] && {policy}; echo "policy $?" >> {log}'
     _stub(tmp_path / "bin", "apt-get", f'echo "$*" >> {log}; {answer}')
