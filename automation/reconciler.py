@@ -98,11 +98,16 @@ class Reconciler:
             raise self._provider_missing(plan)
         resolved = self._resolve(plan)
         drift_correct = name in self._drift_due and plan.entry.drift_policy == "correct"
+        detect = name in self._drift_due and not drift_correct
         forced = name in self._run_due
-        missing = await self._detect_drift(name) if name in self._drift_due and not drift_correct else set()
         if forced or drift_correct or resolved.input.spec_hash != self._applied.get(name):
             await self._up(plan, resolved, refresh=drift_correct or forced)
+            if detect:
+                # After the `up`, not before: a real change does not wait for the check (issue 20), and
+                # what the check finds missing is not reported Provisioned again by the `up`'s report.
+                await self._detect_drift(name)
         else:
+            missing = await self._detect_drift(name) if detect else set()
             self.reporter.stack_applied(
                 plan,
                 outputs=self._outputs.get(name, {}),
@@ -116,13 +121,29 @@ class Reconciler:
     async def load_stack(self, name: str) -> list[Proxy]:
         """Check the stack is ours and read what it last applied into the planner (once per stack).
         Returns the applied proxies. Raises StackNotOwnedError for a stack we must not touch."""
+        early: asyncio.Future[dict[str, Any]] | None = None
         if self._owned.get(name) in (None, Ownership.UNCLAIMED):  # unclaimed: our catalogue may name it now
-            self._owned[name] = await self._claim(name)
+            if name not in self._applied:
+                # Read beside the ownership check, two CLI calls at once (a new term reads every stack
+                # before it acts: issue 20); used only once the stack is known to be ours.
+                early = asyncio.ensure_future(asyncio.to_thread(self.engine.plain_outputs, name))
+            try:
+                self._owned[name] = await self._claim(name)
+            except BaseException:
+                _unwanted(early)
+                raise
+        if name in self._refusals or name in self._applied or not self._exists(name):
+            _unwanted(early)
         if name in self._refusals:
             raise StackNotOwnedError(self._refusals[name])
         if name in self._applied:
             return []
-        outputs = await asyncio.to_thread(self.engine.plain_outputs, name) if self._exists(name) else {}
+        if not self._exists(name):
+            outputs: dict[str, Any] = {}
+        elif early is not None:
+            outputs = await early
+        else:
+            outputs = await asyncio.to_thread(self.engine.plain_outputs, name)
         unreadable = unreadable_applied(outputs.get(APPLIED_PROXIES_OUTPUT))
         if unreadable:
             # Planning without them would delete them: hold the whole stack until they read again.
@@ -289,3 +310,9 @@ class Reconciler:
         for planned in plan.proxies:
             self.reporter.proxy_held(planned.key, reason=Reason.PROVIDER_MISSING, message=message)
         return UnknownProviderError(message)
+
+
+def _unwanted(read: asyncio.Future[Any] | None) -> None:
+    """A read started early whose answer is not wanted: its outcome (an error included) is dropped."""
+    if read is not None:
+        read.add_done_callback(lambda done: done.cancelled() or done.exception())

@@ -27,6 +27,7 @@ from stacks.models import Proxy
 log = logging.getLogger("service.controller")  # the control loop's log, as before the split
 
 REREAD_SECONDS = 30.0  # a stack whose read failed for good is read again this often
+REPORT_SLICE = 200  # refused Proxies reported again between two turns of the event loop, after the read
 
 
 class FirstPass:
@@ -142,10 +143,14 @@ class FirstPass:
             return
         self._backend_seen = True
         self._backend_complete()
-        for key in sorted(self.planner.rejected):  # a rejected proxy may run an applied version after all
+        # A rejected proxy may run an applied version after all. Up to every Proxy of the fleet (10,000
+        # Stalled ones): reported a slice at a time, the event loop served between two (Lease renewals).
+        for done, key in enumerate(sorted(self.planner.rejected), start=1):
             current = self.planner.current(key)
             if current is not None:
                 self.reporter.report_validity(key, deleting=is_deleting(current))
+            if done % REPORT_SLICE == 0:
+                await asyncio.sleep(0)
 
     async def _read_stacks(self, names: list[str]) -> bool:
         """Read these stacks at once (`max_parallel` at a time); False when one could not be read now."""

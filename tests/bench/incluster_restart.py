@@ -93,5 +93,6 @@ def report_restart(figures: Restart) -> None:
         f"a change made as the Lease was taken (during the intake): up started after {figures.to_up:.2f} s, "
         f"Ready at the new port after {figures.to_ready:.2f} s; its stack submitted ahead of the rest "
         + (f"{figures.lane - figures.leading:.2f} s after the Lease" if figures.lane is not None else "never")
-        + " (a local stack's first run checks its processes with a preview --refresh before the up)"
+        + " (a fresh process lists every Proxy before its lane; a local stack's process check runs after"
+        " the up)"
     )

@@ -478,3 +478,51 @@ def _perform(folder: Folder, oracle: Oracle, op: str, name: str | None, port: in
     elif op == "restore-catalogue":
         folder.catalogue()
         oracle.catalogue = True
+
+
+@dataclass
+class OverlapEngine(RecordingEngine):
+    """The tag read waits (up to 10 s) for the outputs read of the same stack to have begun."""
+
+    outputs_begun: dict[str, threading.Event] = field(default_factory=dict)
+    waited: list[tuple[str, bool]] = field(default_factory=list)
+
+    def _begun(self, name: str) -> threading.Event:
+        return self.outputs_begun.setdefault(name, threading.Event())
+
+    def stack_tags(self, name: str) -> dict[str, str] | None:
+        self.waited.append((name, self._begun(name).wait(10)))
+        return super().stack_tags(name)
+
+    def plain_outputs(self, name: str) -> dict[str, Any]:
+        self._begun(name).set()
+        return super().plain_outputs(name)
+
+
+def test_a_stack_read_runs_its_ownership_check_and_its_outputs_read_at_once(tmp_path: Path) -> None:
+    """A new term reads every stack before it acts: the tag read and the outputs read of a stack run at
+    once, not one after the other (issue 20). A foreign stack's early outputs are never used."""
+    backend = Backend()
+    theirs = RecordingEngine(backend=backend, installation="theirs")
+    ours = OverlapEngine(backend=backend, installation="ours")
+    folder, other = Folder(tmp_path / "m"), Folder(tmp_path / "other")
+
+    async def scenario() -> None:
+        other.catalogue("legacy")
+        other.proxy("z", port=3009, provider="legacy")
+        await (await apply(make_controller(other, theirs, tmp_path / "t"))).close(grace=1)
+        folder.catalogue("local", "legacy")
+        folder.proxy("a", port=3001)
+        first = await apply(
+            make_controller(folder, RecordingEngine(backend=backend, installation="ours"), tmp_path / "s")
+        )
+        await first.close(grace=1)
+
+        controller = await apply(make_controller(folder, ours, tmp_path / "s2"))
+        assert sorted(ours.waited) == [("legacy", True), ("local", True)], "a tag read waited alone"
+        assert "StackNotOwned" in _report(controller).errors["legacy"]
+        assert backend.stacks["legacy"].proxies == {"crawl/z"}, "the foreign stack was not touched"
+        assert controller.planner.current("crawl/z") is None, "nothing was learned from a foreign stack"
+        await controller.close(grace=1)
+
+    run(scenario())
