@@ -235,9 +235,11 @@ def test_serve_runs_a_kvm_proxy_through_boot_lease_drift_change_and_forget(
     time.sleep(3)  # the annotation is read before the file goes (a poll is 1 s)
     (served.manifests / "alpha.yaml").unlink()
     deadline = time.monotonic() + 120
-    while served.status() != 404:
+    while "Released" not in [event["reason"] for event in served.status()["events"]]:
         assert time.monotonic() < deadline, f"the proxy was not forgotten: {served.status()}"
         time.sleep(1)
+    reasons = [event["reason"] for event in served.status()["events"]]
+    assert "Forgotten" in reasons, reasons
     assert view.domains()[DOMAIN][1], "skip-cleanup keeps the VM running"
     listed = served.cli("orphans", "--manifests", str(served.manifests))
     assert listed.returncode == 0, listed.stderr
