@@ -64,7 +64,7 @@ def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorErro
         return InvalidInputError(f"stack {stack} does not exist", reason=STACK_NOT_FOUND)
     for pattern, error_type, reason in _PERMANENT:
         if pattern.search(text):
-            return error_type(f"stack {stack}: {text}", reason=reason)
+            return error_type(f"stack {stack}: {_leading(pattern, text)}", reason=reason)
     for pattern, reason in _TRANSIENT:
         if pattern.search(text):
             return TransientError(f"stack {stack}: {text}", reason=reason)
@@ -80,3 +80,13 @@ def _message(exc: auto.errors.CommandError) -> str:
     wanted = [line for line in lines if any(word in line.lower() for word in keep)]
     picked = wanted or lines[-5:]
     return " | ".join(dict.fromkeys(picked))[:2000]
+
+
+def _leading(pattern: re.Pattern[str], text: str) -> str:
+    """The message with the part that says what is wrong first: a program's own `InvalidInput: ...` line
+    (what to fix) comes after the CLI's progress and traceback lines, and a shortened condition loses it."""
+    parts = text.split(" | ")
+    hit = next((part for part in parts if pattern.search(part)), None)
+    if hit is None or hit == parts[0]:
+        return text
+    return " | ".join([hit, *(part for part in parts if part != hit)])

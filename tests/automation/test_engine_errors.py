@@ -48,3 +48,25 @@ def test_a_held_lock_names_its_holders_as_the_cli_reports_them() -> None:
     assert isinstance(error, StackLockedError)
     assert error.reason == "StackLocked"
     assert error.holders == ("root@replica-b (pid 42)",)
+
+
+def test_a_programs_invalid_input_line_leads_the_message() -> None:
+    """As the kvm program failed on a refused host key (the test KVM host): progress and traceback lines
+    first in the CLI's output, the program's own `InvalidInput: ...` (what to fix) last."""
+    stderr = "\n".join(
+        [
+            "+  pulumi-python:dynamic/proxy-operator:LibvirtBaseVolume base creating (0s) error: Traceback "
+            "(most recent call last):",
+            "+  pulumi-python:dynamic/proxy-operator:LibvirtBaseVolume base **creating failed** error: "
+            "Traceback (most recent call last):",
+            "error: update failed",
+            "stacks.programs.libvirt_conn.HostKeyRejectedError: InvalidInput: the SSH host key of KVM host "
+            "[10.0.0.2]:2222 was refused: record the host's key in the known_hosts of the kvm SSH Secret",
+        ]
+    )
+    error = translate(failed(stderr), stack="kvm-home")
+    assert isinstance(error, PermanentError)
+    assert error.message.startswith(
+        "stack kvm-home: stacks.programs.libvirt_conn.HostKeyRejectedError: InvalidInput: the SSH host key"
+    ), error.message
+    assert "update failed" in error.message  # the rest is kept, after it

@@ -37,6 +37,7 @@ import yaml
 from tests.conftest import ROOT
 from tests.kvm.checks import BRIDGE_IP, REFUSED_IP, HostView, site, through
 from tests.kvm.host import KvmHost
+from tests.kvm.host_config import keygen, known_hosts_line
 from tests.kvm.images import GuestImage
 
 pytestmark = pytest.mark.engine
@@ -99,9 +100,13 @@ class Served:
         raise AssertionError(f"{why}: no lease within {timeout:.0f} s: {last}\n{self.tail()}")
 
     def status(self) -> Any:
-        with httpx.Client(base_url=self.base, timeout=10) as client:
-            answer = client.get("/v1/status/crawl/alpha", headers=self.headers())
-            return answer.json() if answer.status_code == 200 else answer.status_code
+        """The Proxy's status; its HTTP status code when there is none; None while the API is not up."""
+        try:
+            with httpx.Client(base_url=self.base, timeout=10) as client:
+                answer = client.get("/v1/status/crawl/alpha", headers=self.headers())
+        except (httpx.TransportError, FileNotFoundError):
+            return None
+        return answer.json() if answer.status_code == 200 else answer.status_code
 
     def check_running(self) -> None:
         if self.process.poll() is not None:
@@ -117,17 +122,26 @@ class Served:
         )
 
 
-def _ssh_dir(host: KvmHost, folder: Path) -> Path:
-    """The Secret's two files as the service mounts them."""
+def _ssh_dir(host: KvmHost, folder: Path, *, right_key: bool) -> Path:
+    """The Secret's two files as the service mounts them; known_hosts with another key when not right_key."""
     folder.mkdir()
     (folder / "id_ed25519").write_bytes(host.key.read_bytes())
     (folder / "id_ed25519").chmod(0o600)
-    (folder / "known_hosts").write_text(host.known_hosts.read_text())
+    if right_key:
+        (folder / "known_hosts").write_text(host.known_hosts.read_text())
+    else:
+        keygen(folder / "other", comment="not-the-host")
+        (folder / "known_hosts").write_text(known_hosts_line(folder / "other.pub", host=host.address))
     return folder
 
 
 @pytest.fixture
-def served(kvm_host: KvmHost, fast_image: GuestImage, libvirt: Any, tmp_path: Path) -> Iterator[Served]:
+def served(
+    kvm_host: KvmHost, fast_image: GuestImage, libvirt: Any, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Served]:
+    """`serve` in the namespace; `indirect` parametrization with {"right_key": False} mounts a known_hosts
+    that records another key for the host."""
+    right_key = bool(getattr(request, "param", {}).get("right_key", True))
     view = HostView(libvirt, kvm_host)
     volumes_before = view.volumes()
     manifests, state = tmp_path / "manifests", tmp_path / "state"
@@ -147,7 +161,7 @@ def served(kvm_host: KvmHost, fast_image: GuestImage, libvirt: Any, tmp_path: Pa
         ]
     }
     (manifests / "catalogue.yaml").write_text(yaml.safe_dump(catalogue))
-    ssh_dir = _ssh_dir(kvm_host, tmp_path / "ssh")
+    ssh_dir = _ssh_dir(kvm_host, tmp_path / "ssh", right_key=right_key)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),  # the dynamic providers unpickle stacks.programs.* by reference
@@ -235,7 +249,7 @@ def test_serve_runs_a_kvm_proxy_through_boot_lease_drift_change_and_forget(
     time.sleep(3)  # the annotation is read before the file goes (a poll is 1 s)
     (served.manifests / "alpha.yaml").unlink()
     deadline = time.monotonic() + 120
-    while "Released" not in [event["reason"] for event in served.status()["events"]]:
+    while "Released" not in [event["reason"] for event in (served.status() or {"events": []})["events"]]:
         assert time.monotonic() < deadline, f"the proxy was not forgotten: {served.status()}"
         time.sleep(1)
     reasons = [event["reason"] for event in served.status()["events"]]
@@ -269,3 +283,31 @@ def _lease_from_a_new_domain(served: Served, view: HostView, old_uuid: str, *, t
         assert time.monotonic() < deadline, f"leases still name {lease['host']}, the domain is at {address}"
         time.sleep(2)
     raise AssertionError("unreachable")
+
+
+@pytest.mark.parametrize("served", [{"right_key": False}], indirect=True)
+def test_serve_stalls_a_proxy_whose_host_key_is_not_the_known_one_and_creates_nothing(
+    served: Served, kvm_host: KvmHost, libvirt: Any
+) -> None:
+    """The Proxy itself says what is wrong and how to fix it, and the host holds nothing new. A permanent
+    error: Provisioned=False with the reason at once, Stalled=True after three failures in a row (retried
+    only by the resync, as the fix is in the Secret's files, which the service does not watch)."""
+    view = HostView(libvirt, kvm_host)
+    before = (set(view.domains()), view.volumes())
+    served.write_proxy()
+    deadline = time.monotonic() + 120
+    while True:
+        served.check_running()
+        status = served.status()
+        conditions = status["status"]["conditions"] if isinstance(status, dict) else []
+        failed = [c for c in conditions if c["type"] in ("Provisioned", "Stalled") and c.get("message")]
+        if failed:
+            break
+        assert time.monotonic() < deadline, f"no condition says why: {status}\n{served.tail()}"
+        time.sleep(1)
+    assert failed[0]["reason"] == "InvalidInput", failed
+    message = failed[0]["message"]
+    assert f"[{kvm_host.address}]:{kvm_host.port}" in message, message
+    assert "known_hosts" in message, message
+    assert "ssh-keyscan" in message, message
+    assert (set(view.domains()), view.volumes()) == before
