@@ -16,6 +16,8 @@ from typing import Annotated, Any
 import typer
 
 from automation.engine import Engine
+from automation.engine.errors import STACK_NOT_FOUND
+from automation.errors import InvalidInputError
 from automation.orphans import (
     Orphan,
     forward_proxy_processes,
@@ -92,6 +94,17 @@ class Reach:
     kvm: Callable[[KvmProvider], KvmHosts] = lambda entry: KvmHosts(entry, mounted_ssh_dir())
 
 
+def _stored(engine: Engine, name: str) -> dict[str, Any]:
+    """A listed stack's state; empty when the stack went meanwhile (a service removed it after its last
+    Proxy left): a stack that is gone holds nothing."""
+    try:
+        return engine.export_stored(name)
+    except InvalidInputError as exc:
+        if exc.reason == STACK_NOT_FOUND:
+            return {}
+        raise
+
+
 @dataclass
 class OrphanFinder:
     settings: OperatorSettings
@@ -108,7 +121,7 @@ class OrphanFinder:
         found = self._local(engine, names, [e for e in entries if isinstance(e, LocalProvider)])
         remote = [e for e in entries if not isinstance(e, LocalProvider)]
         if remote:
-            known = state_ids(engine.export_stored(name) for name in names)
+            known = state_ids(_stored(engine, name) for name in names)
             for entry in remote:
                 found += self._remote(entry, known)
         return found

@@ -74,13 +74,28 @@ def connection_uri(uri: str, ssh_dir: str) -> str:
     return urlunsplit(parts._replace(query=urlencode(query, safe="/")))
 
 
+# libvirt reads at most 1 KiB of a failed transport's stderr ("Value too large for defined data type"
+# beyond), and OpenSSH's refusal of a changed host key is longer (a banner of `@` lines, the fingerprint,
+# the known_hosts path): ssh's stderr goes to an unlinked file, and on failure its end, without the banner,
+# comes back on the wrapper's own stderr.
+WRAPPER = """#!/bin/sh
+# proxy-operator: ssh with the mounted key and known_hosts only (stacks/programs/libvirt_conn.py)
+err=$(mktemp) || exit 255
+exec 3>"$err" 4<"$err"
+rm -f "$err"
+ssh OPTIONS "$@" 2>&3 3>&- 4<&-
+status=$?
+if [ "$status" -ne 0 ]; then
+  grep -v '^@' <&4 | tr -s '\\r\\n' '  ' | tail -c 900 >&2
+fi
+exit "$status"
+"""
+
+
 def ssh_command(ssh_dir: str) -> Path:
     """The wrapper libvirt runs instead of `ssh`: written once per SSH folder into a folder only this user
     can write (a 0700 folder of ours under the temporary directory; anything else there is refused)."""
-    text = (
-        "#!/bin/sh\n# proxy-operator: ssh with the mounted key and known_hosts only\n"
-        f'exec ssh {shlex.join(ssh_options(ssh_dir))} "$@"\n'
-    )
+    text = WRAPPER.replace("OPTIONS", shlex.join(ssh_options(ssh_dir)))
     folder = Path(tempfile.gettempdir()) / f"proxy-operator-ssh-{os.getuid()}"
     folder.mkdir(mode=0o700, exist_ok=True)
     info = folder.lstat()
@@ -108,11 +123,13 @@ def host_label(uri: str) -> str:
 def _translated(exc: Exception, uri: str, ssh_dir: str) -> Exception:
     text = said(str(exc))
     if "host key" in text.lower() or "host identification has changed" in text.lower():
+        parts = urlsplit(uri)
+        scan = f"ssh-keyscan -p {parts.port or 22} {parts.hostname}"
+        # What to do first and short: the CLI's diagnostics may cut a long line.
         return HostKeyRejectedError(
-            f"InvalidInput: the SSH host key of KVM host {host_label(uri)} was refused: record the host's "
-            f"key under '{host_label(uri)}' in the known_hosts of the kvm SSH Secret (mounted at "
-            f"{ssh_dir}), e.g. with ssh-keyscan (docs/kvm-provider.md, step 3); nothing was created. "
-            f"ssh said: {text}"
+            f"InvalidInput: the SSH host key of KVM host {host_label(uri)} was refused: put the host's key "
+            f"for '{host_label(uri)}' in the known_hosts of the kvm SSH Secret ({scan}; "
+            f"docs/kvm-provider.md, step 3); nothing was created. Mounted at {ssh_dir}; ssh said: {text}"
         )
     return RuntimeError(f"cannot connect to KVM host {host_label(uri)} ({uri}): {text}")
 

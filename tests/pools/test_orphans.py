@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any, cast
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
+from automation.engine.errors import STACK_NOT_FOUND
+from automation.errors import InvalidInputError
 from automation.orphans import LocalProcess, Orphan, known_instance_ids, local_orphans
-from service.cli_orphans import find_orphans, orphans
+from service.cli_orphans import _stored, find_orphans, orphans
 from tests.automation.fleet import Fleet, accepts
 from tests.conftest import PulumiEnv
 from tests.ports import free_port
@@ -71,3 +75,19 @@ def test_only_processes_under_our_state_dirs_and_in_no_state(tmp_path: Path) -> 
     assert found == [
         Orphan("local", "process", "11-101", f"pid 11, config {ours}/crawl-b.json", processes[1])
     ]
+
+
+def test_a_stack_removed_between_the_list_and_its_export_holds_nothing() -> None:
+    """Seen in tests/kvm: the service removed a stack whose last Proxy was forgotten while
+    `proxy-operator orphans` read the listed stacks; any other refusal still fails."""
+
+    class Engine:
+        def __init__(self, reason: str) -> None:
+            self.reason = reason
+
+        def export_stored(self, name: str) -> dict[str, Any]:
+            raise InvalidInputError(f"stack {name}: no", reason=self.reason)
+
+    assert _stored(cast(Any, Engine(STACK_NOT_FOUND)), "kvm-test") == {}
+    with pytest.raises(InvalidInputError):
+        _stored(cast(Any, Engine("InvalidInput")), "kvm-test")

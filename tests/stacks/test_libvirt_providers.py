@@ -89,19 +89,53 @@ def test_a_catalogue_uri_runs_our_ssh_wrapper_with_the_mounted_key_and_known_hos
     wrapper = Path(command)
     assert wrapper.stat().st_mode & 0o777 == 0o700
     assert wrapper.parent.stat().st_mode & 0o777 == 0o700
-    argv = shlex.split(wrapper.read_text().splitlines()[-1])
-    assert argv[:2] == ["exec", "ssh"]
-    assert argv[-1] == "$@"
-    options = dict(zip(argv[2:-1:2], argv[3:-1:2], strict=True))
+    [line] = [line for line in wrapper.read_text().splitlines() if line.startswith("ssh ")]
+    argv = shlex.split(line)
+    assert argv[-4:] == ["$@", "2>&3", "3>&-", "4<&-"]
+    flags, values = argv[1:-4:2], argv[2:-4:2]
+    options = dict(zip(flags, values, strict=True))
     assert options["-F"] == "/dev/null"
     assert options["-i"] == "/etc/proxy-operator/kvm/id_ed25519"
-    given = [value for flag, value in zip(argv[2:-1:2], argv[3:-1:2], strict=True) if flag == "-o"]
+    given = [value for flag, value in zip(flags, values, strict=True) if flag == "-o"]
     assert "StrictHostKeyChecking=yes" in given
     assert "UserKnownHostsFile=/etc/proxy-operator/kvm/known_hosts" in given
     assert "GlobalKnownHostsFile=/dev/null" in given
     assert "BatchMode=yes" in given
     assert connection_uri(uri.replace("/system", "/system"), "/etc/proxy-operator/kvm/") == uri  # stable
     assert connection_uri(TEST_URI, "/x") == TEST_URI
+
+
+def test_the_ssh_wrapper_gives_libvirt_a_short_stderr_that_keeps_the_reason(tmp_path: Path) -> None:
+    """libvirt reads at most 1 KiB of a failed transport's stderr ("Value too large for defined data type"
+    beyond: seen in CI with a long known_hosts path in OpenSSH's changed-key banner). A stand-in `ssh` prints
+    that banner and fails; what comes out is short, banner-free, and ends with the reason. A session that
+    succeeds passes its exit status and stdout through."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    banner = OPENSSH_CHANGED.replace("Cannot recv data: ", "").replace(": Connection reset by peer", "")
+    banner = banner.replace(
+        "Host key verification failed.",
+        f"Offending ED25519 key in {tmp_path}/{'pytest-of-root-' * 8}/known_hosts:1\n"
+        "Host key verification failed.",
+    )
+    assert len(banner) > 1024
+    (fake / "ssh").write_text(
+        "#!/bin/sh\n"
+        "case \"$*\" in *fail*) cat >&2 <<'EOF'\n" + banner + "\nEOF\n    exit 255 ;; esac\necho session-ok\n"
+    )
+    (fake / "ssh").chmod(0o755)
+    uri = connection_uri("qemu+ssh://virt@hv1.lan/system", str(tmp_path / "k" / ("long-path-" * 30)))
+    [command] = parse_qs(urlsplit(uri).query)["command"]
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}"}
+
+    refused = subprocess.run([command, "-p", "22", "hv1.lan", "fail"], capture_output=True, env=env)
+    assert refused.returncode == 255
+    assert len(refused.stderr) <= 1024
+    assert refused.stderr.decode().rstrip().endswith("Host key verification failed.")
+    assert b"@@@" not in refused.stderr
+
+    fine = subprocess.run([command, "hv1.lan"], capture_output=True, env=env)
+    assert (fine.returncode, fine.stdout, fine.stderr) == (0, b"session-ok\n", b"")
 
 
 def test_the_ssh_wrapper_folder_must_be_private() -> None:
