@@ -52,11 +52,15 @@ _TRANSIENT = [
 ]
 
 
+LIMIT = 2000  # characters of the CLI's output a message keeps
+
+
 def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorError:
     """Map a failed CLI call to a permanent or transient error with a short, useful message."""
     from pulumi import automation as auto  # loaded already: `exc` is one of its errors
 
-    text = _message(exc)
+    text = _message(exc, limit=LIMIT)
+    whole = _message(exc, limit=None)  # a permanent error's whole reason may sit past the cut
     if isinstance(exc, auto.errors.ConcurrentUpdateError):
         holders = tuple(f"{o.user}@{o.host} (pid {o.pid})" for o in lock_owners(str(exc)))
         return StackLockedError(f"stack {stack} is locked by another operation: {text}", holders=holders)
@@ -64,14 +68,14 @@ def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorErro
         return InvalidInputError(f"stack {stack} does not exist", reason=STACK_NOT_FOUND)
     for pattern, error_type, reason in _PERMANENT:
         if pattern.search(text):
-            return error_type(f"stack {stack}: {_leading(pattern, text)}", reason=reason)
+            return error_type(f"stack {stack}: {_leading(pattern, whole)[:LIMIT]}", reason=reason)
     for pattern, reason in _TRANSIENT:
         if pattern.search(text):
             return TransientError(f"stack {stack}: {text}", reason=reason)
     return TransientError(f"stack {stack}: {text}", reason=Reason.TRANSIENT)
 
 
-def _message(exc: auto.errors.CommandError) -> str:
+def _message(exc: auto.errors.CommandError, *, limit: int | None = None) -> str:
     """The diagnostics part of the CLI's output, without the progress noise; at most a few lines."""
     raw = str(exc)
     lines = [line.strip() for line in raw.splitlines() if line.strip()]
@@ -79,14 +83,16 @@ def _message(exc: auto.errors.CommandError) -> str:
     keep = ("error", "exception", "created by")
     wanted = [line for line in lines if any(word in line.lower() for word in keep)]
     picked = wanted or lines[-5:]
-    return " | ".join(dict.fromkeys(picked))[:2000]
+    joined = " | ".join(dict.fromkeys(picked))
+    return joined if limit is None else joined[:limit]
 
 
 def _leading(pattern: re.Pattern[str], text: str) -> str:
     """The message with the part that says what is wrong first: a program's own `InvalidInput: ...` line
     (what to fix) comes after the CLI's progress and traceback lines, and a shortened condition loses it."""
     parts = text.split(" | ")
-    hit = next((part for part in parts if pattern.search(part)), None)
-    if hit is None or hit == parts[0]:
+    hits = [part for part in parts if pattern.search(part)]
+    if not hits:
         return text
+    hit = max(hits, key=len)  # the progress display shortens a line that the diagnostics give whole
     return " | ".join([hit, *(part for part in parts if part != hit)])

@@ -70,3 +70,19 @@ def test_a_programs_invalid_input_line_leads_the_message() -> None:
         "stack kvm-home: stacks.programs.libvirt_conn.HostKeyRejectedError: InvalidInput: the SSH host key"
     ), error.message
     assert "update failed" in error.message  # the rest is kept, after it
+
+
+def test_the_whole_reason_leads_even_past_the_cut_when_the_progress_line_shortened_it() -> None:
+    """The progress display gives the program's line shortened; the diagnostics give it whole, maybe past
+    the message's 2,000 characters (tracebacks of several resources first): the whole one leads."""
+    reason = (
+        "stacks.programs.libvirt_conn.HostKeyRejectedError: InvalidInput: the SSH host key of KVM host "
+        "[10.0.0.2]:2222 was refused: put the host's key in the known_hosts (ssh-keyscan -p 2222 10.0.0.2)"
+    )
+    noise = [f"error: Traceback (most recent call last): frame {i} " + "x" * 80 for i in range(30)]
+    shortened = "+  LibvirtBaseVolume base **creating failed** error: " + reason[:120]
+    stderr = "\n".join([shortened, *noise, reason])
+    error = translate(failed(stderr), stack="kvm-home")
+    assert isinstance(error, PermanentError)
+    assert error.message.startswith(f"stack kvm-home: {reason}"), error.message[:300]
+    assert len(error.message) <= 2000 + len("stack kvm-home: ")
