@@ -102,8 +102,11 @@ class WorkQueue:
         return True
 
     async def drain(self) -> None:
-        """Wait until no stack is queued or running (scheduled retries do not count)."""
+        """Wait until no stack is queued or running (scheduled retries do not count), as this returns: a
+        retry or a submit can start a run between the idle moment and this task's resumption."""
         await self._idle.wait()
+        while not self._idle.is_set():
+            await self._idle.wait()
 
     # -- runs -----------------------------------------------------------------------------------------
 

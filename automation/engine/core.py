@@ -36,6 +36,7 @@ from automation.engine.locks import LockRecovery
 from automation.engine.results import OperationResult, PreviewStep, StackInfo, steps_from_events
 from automation.engine.state_edit import remove_components
 from automation.engine.term import Term
+from automation.engine.workdir import write_project_file
 from automation.errors import InvalidInputError
 
 if TYPE_CHECKING:
@@ -334,9 +335,9 @@ class Engine:
             main=str(self.config.program_dir),
             backend=auto.ProjectBackend(url=self.config.backend_url),
         )
+        write_project_file(work_dir, settings.to_dict())  # whole or not at all: operations can overlap
         return auto.LocalWorkspace(
             work_dir=str(work_dir),
-            project_settings=settings,
             secrets_provider=self.config.secrets_provider,
             env_vars=self.config.environment(),
             pulumi_command=self._command,

@@ -39,6 +39,7 @@ class HandlerDouble:
         self.max_per_stack: Counter[str] = Counter()
         self.max_total = 0
         self._new_call: asyncio.Event | None = None
+        self.then: dict[str, Callable[[], object]] = {}  # called soon after the stack's run returns
 
     def fail(self, stack: str, *outcomes: BaseException | None) -> None:
         self.errors[stack] = list(outcomes)
@@ -72,6 +73,8 @@ class HandlerDouble:
             raise
         finally:
             self.running[stack] -= 1
+            if (then := self.then.pop(stack, None)) is not None:
+                asyncio.get_running_loop().call_soon(then)
 
 
 Scenario = Callable[[WorkQueue, HandlerDouble, FakeClock], Awaitable[None]]
@@ -106,6 +109,28 @@ async def settle(turns: int = 20) -> None:
     """Let every runnable task take its next steps (loop turns, not time)."""
     for _ in range(turns):
         await asyncio.sleep(0)
+
+
+def test_drain_returns_only_when_idle_as_it_returns_not_when_idle_was_set_once() -> None:
+    """In CI a retry (or a poll's submit) started between the idle moment and the drainer's resumption, and
+    `proxy-operator up` and the tests read a stack that was running again as settled."""
+
+    async def scenario(queue: WorkQueue, double: HandlerDouble, clock: FakeClock) -> None:
+        gate_a, gate_b = double.block("a"), double.block("b")
+        queue.submit("a")
+        await double.wait_for_calls(1)
+        drainer = asyncio.create_task(queue.drain())
+        await settle()
+        double.then["a"] = lambda: queue.submit("b")  # runs before the drainer resumes
+        gate_a.set()
+        await settle()
+        assert queue.status("b").state is QueueState.RUNNING
+        assert not drainer.done(), "drain returned while b runs"
+        gate_b.set()
+        await drainer
+        assert queue.status("b").state is QueueState.IDLE
+
+    run(scenario)
 
 
 # -- one run per stack, coalescing, parallelism ------------------------------------------------------

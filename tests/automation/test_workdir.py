@@ -1,0 +1,54 @@
+"""A stack's `Pulumi.yaml` is never seen half-written while workspaces for the stack are made beside a reader
+(in CI the term's first read of the backend got "expected project to be an object, was '<nil>'" from the CLI:
+the reconciler's workspace had just truncated the file). The real SDK's LocalWorkspace and Pulumi CLI."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import yaml
+
+from automation.engine import Engine, EngineConfig
+from automation.engine.workdir import write_project_file
+
+
+def test_workspaces_made_side_by_side_never_show_a_reader_an_empty_project_file(tmp_path: Path) -> None:
+    engine = Engine(EngineConfig(backend_url=f"file://{tmp_path / 'backend'}", state_dir=tmp_path / "state"))
+    engine._workspace("local")  # the file exists from here on
+    path = tmp_path / "state" / "work" / "local" / "Pulumi.yaml"
+    stop, seen = threading.Event(), []
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.append(yaml.safe_load(path.read_text()))
+
+    def make() -> None:
+        for _ in range(150):
+            engine._workspace("local")
+
+    reader = threading.Thread(target=read)
+    makers = [threading.Thread(target=make) for _ in range(2)]
+    reader.start()
+    for maker in makers:
+        maker.start()
+    for maker in makers:
+        maker.join()
+    stop.set()
+    reader.join()
+    assert len(seen) > 100
+    assert all(isinstance(project, dict) and project["name"] for project in seen), [
+        s for s in seen if not isinstance(s, dict)
+    ][:3]
+    assert sorted(p.name for p in path.parent.iterdir()) == ["Pulumi.yaml"]  # no temporary left behind
+
+
+def test_an_unchanged_project_file_is_not_written_again(tmp_path: Path) -> None:
+    settings = {"name": "p", "runtime": "python", "main": "/x", "backend": {"url": "file:///b"}}
+    path = write_project_file(tmp_path, settings)
+    before = path.stat().st_ino
+    write_project_file(tmp_path, settings)
+    assert path.stat().st_ino == before
+    write_project_file(tmp_path, {**settings, "main": "/y"})
+    assert path.stat().st_ino != before
+    assert yaml.safe_load(path.read_text())["main"] == "/y"
