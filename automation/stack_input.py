@@ -140,6 +140,7 @@ def resolve_stack(
         credentials_json=credentials_json,
         spec_hash=final_hash,
         provider_credentials=provider_secret,
+        skip_checkpoints=getattr(plan.entry, "checkpoints", "eachStep") == "end",
     )
     return ResolvedStack(input=stack_input, skipped=skipped, held=held)
 

@@ -95,6 +95,8 @@ class StackInput:
     credentials_json: str = field(default="{}", repr=False)
     spec_hash: str = ""
     provider_credentials: str | None = field(default=None, repr=False)  # GCP key JSON or a kubeconfig
+    # The state saved once when the `up` ends, not after each step (the entry's `checkpoints: end`)
+    skip_checkpoints: bool = False
 
 
 class PulumiNotFoundError(PermanentError):

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SKIP_CHECKPOINTS = "PULUMI_SKIP_CHECKPOINTS"
+
 
 class Engine:
     """Runs Pulumi operations on the stacks of one project and one backend."""
@@ -84,6 +86,8 @@ class Engine:
             self._written.forget(spec.name)
         with self._forgotten_on_failure(spec.name), self._operation(spec.name, "up") as (stack, events):
             self._configure(stack, spec)
+            if spec.skip_checkpoints:  # docs/decisions.md, "Checkpoints": the state written when the up ends
+                stack.workspace.env_vars[SKIP_CHECKPOINTS] = "true"
             result = self._retry_lock(
                 stack, lambda: stack.up(on_event=events, refresh=refresh, parallel=self.config.parallel)
             )

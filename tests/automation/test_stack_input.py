@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from automation.errors import CredentialsError
@@ -88,3 +90,44 @@ def test_applied_proxies_read_back_what_the_program_was_given() -> None:
     assert back.spec == original.spec
     assert back.metadata.labels == {"tier": "1"}
     assert applied_proxies(None) == []
+
+
+@pytest.mark.parametrize(
+    ("entry", "skip"),
+    [
+        ({"processModel": "shared", "checkpoints": "end"}, True),
+        ({"processModel": "shared"}, False),
+        ({}, False),
+    ],
+)
+def test_a_local_entry_with_checkpoints_end_asks_the_engine_to_save_once(entry: dict, skip: bool) -> None:
+    local = {"name": "bulk", "type": "local", **entry}
+    doc = {"metadata": {"name": "a", "namespace": "crawl"}, "spec": {"provider": "bulk"}}
+    assert resolve_stack(plan_for(local, doc), Secrets({})).input.skip_checkpoints is skip
+    assert (
+        resolve_stack(
+            plan_for(GCP, proxy("a")), Secrets({"gcp-key": {"credentials.json": "{}"}})
+        ).input.skip_checkpoints
+        is False
+    )
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [
+        ({"checkpoints": "end"}, "checkpoints: end needs processModel: shared"),
+        (
+            {"checkpoints": "end", "processModel": "perProxy"},
+            "set processModel: shared, or remove checkpoints",
+        ),
+        (
+            {"checkpoints": "never", "processModel": "shared"},
+            "'never' is not a checkpoint mode: use eachStep",
+        ),
+    ],
+)
+def test_checkpoints_end_is_refused_where_an_interrupted_up_cannot_be_taken_back(
+    entry: dict, says: str
+) -> None:
+    with pytest.raises(ValueError, match=re.escape(says)):
+        ProviderCatalogue.model_validate({"providers": [{"name": "bulk", "type": "local", **entry}]})
