@@ -127,9 +127,10 @@ class LocalProvider(ProviderBase):
     checkpoints: Literal["eachStep", "end"] = Field(
         default="eachStep",
         description=(
-            "eachStep: the engine saves the stack's state after every resource step (its default); end: once, "
-            "when an `up` ends (PULUMI_SKIP_CHECKPOINTS), for large shared entries: 500 proxies up in about "
-            "20 s instead of 5 minutes. Needs processModel: shared (docs/decisions.md, \"Checkpoints\")."
+            "eachStep: the engine saves the stack's state after every resource step (its default); "
+            "end: once, when an `up` ends (PULUMI_SKIP_CHECKPOINTS), for large shared entries: 500 "
+            "proxies up in about 20 s instead of 5 minutes. Needs processModel: shared "
+            "(docs/decisions.md, Checkpoints)."
         ),
     )
 
