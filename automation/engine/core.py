@@ -84,10 +84,13 @@ class Engine:
     def up(self, spec: StackInput, *, refresh: bool = False) -> OperationResult:
         if refresh:  # a repair: nothing about the stack is taken on trust, its config included
             self._written.forget(spec.name)
-        with self._forgotten_on_failure(spec.name), self._operation(spec.name, "up") as (stack, events):
+        # docs/decisions.md, "Checkpoints": the state saved once, when the up ends
+        env = {SKIP_CHECKPOINTS: "true"} if spec.skip_checkpoints else None
+        with (
+            self._forgotten_on_failure(spec.name),
+            self._operation(spec.name, "up", env=env) as (stack, events),
+        ):
             self._configure(stack, spec)
-            if spec.skip_checkpoints:  # docs/decisions.md, "Checkpoints": the state written when the up ends
-                stack.workspace.env_vars[SKIP_CHECKPOINTS] = "true"
             result = self._retry_lock(
                 stack, lambda: stack.up(on_event=events, refresh=refresh, parallel=self.config.parallel)
             )
@@ -252,13 +255,15 @@ class Engine:
         return json.loads(result.stdout or "null")
 
     @contextmanager
-    def _operation(self, name: str, kind: str, *, create: bool = True) -> Iterator[tuple[auto.Stack, Any]]:
+    def _operation(
+        self, name: str, kind: str, *, create: bool = True, env: dict[str, str] | None = None
+    ) -> Iterator[tuple[auto.Stack, Any]]:
         from pulumi import automation as auto
 
         events = EventLogger(stack=name, operation=kind)
         started = time.monotonic()
         try:
-            workspace = self._workspace(name)
+            workspace = self._workspace(name, env)
             select = self._create_or_select if create else auto.Stack.select
             stack = select(name, workspace)
             yield stack, events
@@ -328,7 +333,7 @@ class Engine:
             self._written.forget(name)
             raise
 
-    def _workspace(self, name: str | None) -> auto.LocalWorkspace:
+    def _workspace(self, name: str | None, env: dict[str, str] | None = None) -> auto.LocalWorkspace:
         from pulumi import automation as auto
 
         work_dir = self.config.state_dir / "work" / (name or "_list")
@@ -343,7 +348,7 @@ class Engine:
         return auto.LocalWorkspace(
             work_dir=str(work_dir),
             secrets_provider=self.config.secrets_provider,
-            env_vars=self.config.environment(),
+            env_vars={**self.config.environment(), **(env or {})},
             pulumi_command=self._command,
             pulumi_home=str(self.config.pulumi_home) if self.config.pulumi_home else None,
         )
