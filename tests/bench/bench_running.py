@@ -1,0 +1,244 @@
+"""Benchmark: 10,000 running `local` proxies in the in-cluster mode (issue 20's goal), probed every 10 s and
+leased from at 500/s, against the tests' etcd + kube-apiserver.
+
+The Proxies are spread over BENCH_STACKS `local` entries with `processModel: shared` and `checkpoints: end`
+(docs/decisions.md, "Checkpoints"): one listener process per entry serves each proxy on its own port with its
+own generated credentials, egress policy and lease users. The service is `proxy-operator serve --kubeconfig`
+in its own process (its RSS is its own: the engine and the listeners are other processes), with the default
+health probing (every 10 s, through each proxy to the service's own echo route).
+
+Printed, never asserted: the time until every Proxy is Ready (the whole fleet made by the real engine), the
+service's RSS against the 128 MiB goal, then two windows: probes alone, and probes with a paced lease load
+(tests/bench/follower_phase.py's open-loop generator) at BENCH_LEASE_RATE; for each, CPU seconds per second
+of the service, the listeners together, kube-apiserver + etcd and the lease generator (this bench's own
+process), the probes per second the service counted, the event loop's lag p99 and the leases' latency.
+Two cores cannot hold all of them at once: the CPU lines say which saturated.
+
+BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500), BENCH_WINDOW (30 s), BENCH_READY_WITHIN
+(2400 s), BENCH_KEEP=1 keeps the working folder. About 10-15 minutes at 10,000.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from kubernetes.client import ApiClient  # noqa: E402
+
+from service.kube.client import request_json  # noqa: E402
+from tests.bench.bench_incluster import (  # noqa: E402
+    NAMESPACE,
+    PROXIES_PATH,
+    Service,
+    _read,
+    _served_url,
+    _until,
+    create_proxies,
+    prepare_cluster,
+    service,
+)
+from tests.bench.follower_phase import (  # noqa: E402
+    LEASE_ENV,
+    cpu_seconds,
+    lag_buckets,
+    paced_leases,
+    quantile,
+)
+from tests.kube.apiserver import KubeApi, running_apiserver  # noqa: E402
+
+RUNNING = int(os.environ.get("BENCH_RUNNING", "10000"))
+STACKS = int(os.environ.get("BENCH_STACKS", "20"))
+RATE = float(os.environ.get("BENCH_LEASE_RATE", "500"))
+WINDOW = float(os.environ.get("BENCH_WINDOW", "30"))
+READY_WITHIN = float(os.environ.get("BENCH_READY_WITHIN", "2400"))
+GOAL_MIB = 128
+FIRST_PORT = 20000  # below the ephemeral range (32768-60999 here): no outgoing connection holds one
+
+
+def entries(tmp: Path) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": f"run-{n:02d}",
+            "type": "local",
+            "stateDir": str(tmp / "l" / f"{n:02d}"),  # short: a control socket's path holds 107 bytes
+            "processModel": "shared",
+            "checkpoints": "end",
+        }
+        for n in range(STACKS)
+    ]
+
+
+def catalogue(api: ApiClient, tmp: Path) -> None:
+    body = {"data": {"providers.yaml": yaml.safe_dump({"providers": entries(tmp)})}}
+    path = f"/api/v1/namespaces/{NAMESPACE}/configmaps/proxy-operator-providers"
+    request_json(api, "PATCH", path, body=body, content_type="application/merge-patch+json")
+
+
+def ready_count(api: ApiClient) -> int:
+    items = request_json(api, "GET", PROXIES_PATH)["items"]
+    return sum(
+        1
+        for item in items
+        if any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (item.get("status") or {}).get("conditions", [])
+        )
+    )
+
+
+def pids_of(pattern: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def cpu_of(pids: list[int]) -> float:
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # a process that ended
+            total += cpu_seconds(pid)
+    return total
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def probes(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("proxy_operator_probe_results_total{")
+    )
+
+
+def window(
+    label: str, svc: Service, url: str, groups: dict[str, list[int]], *, port: int, token: str, rate: float
+) -> None:
+    cpu = {name: cpu_of(pids) for name, pids in groups.items()}
+    own = time.process_time()
+    lag, probed, started = lag_buckets(url), probes(url), time.monotonic()
+    rss = [rss_mib(svc.process.pid)]
+    latencies, not_ok = paced_leases(port, token, rate=rate)(WINDOW) if rate else ([], 0)
+    if not rate:
+        time.sleep(WINDOW)
+    wall = time.monotonic() - started
+    rss.append(rss_mib(svc.process.pid))
+    used = {name: (cpu_of(pids) - cpu[name]) / wall for name, pids in groups.items()}
+    used["lease generator (this bench)"] = (time.process_time() - own) / wall
+    line = (
+        f"{label}: {wall:.0f} s, probes {(probes(url) - probed) / wall:.0f}/s, "
+        f"lag p99 {quantile(lag, lag_buckets(url)) * 1000:.1f} ms, service RSS {max(rss):.1f} MiB"
+    )
+    if latencies:
+        q = statistics.quantiles(latencies, n=100)
+        line += (
+            f", leases {len(latencies) / wall:.0f}/s p50 {q[49] * 1000:.1f} ms p99 {q[98] * 1000:.1f} ms, "
+            f"not 2xx {not_ok}"
+        )
+    print(line)
+    for name, value in used.items():
+        print(f"  CPU {name:34s} {value:4.2f} s/s")
+    print(f"  CPU in all                                {sum(used.values()):4.2f} s/s (of 2 cores)")
+
+
+def run(tmp: Path) -> None:
+    (tmp / "kube").mkdir()
+    with running_apiserver(tmp / "kube") as kube, kube.client() as api:
+        prepare_cluster(kube, api, tmp)
+        catalogue(api, tmp)
+        created = _create(kube, api)
+        print(f"created {RUNNING} Proxies over {STACKS} shared local entries in {created:.1f} s")
+        env = {
+            **LEASE_ENV,
+            "PROXY_OPERATOR_KUBE_NAMESPACES": json.dumps([NAMESPACE]),
+            "PROXY_OPERATOR_KUBE_NAMESPACE": NAMESPACE,
+            "PROXY_OPERATOR_KUBE_IDENTITY": "bench-running",
+            "PROXY_OPERATOR_KUBE_LEASE_NAME": "bench-running",
+            "PROXY_OPERATOR_HEALTH_INTERVAL_SECONDS": "10",
+            "PROXY_OPERATOR_HEALTH_HEALTHY_THRESHOLD": "1",
+        }
+        args = ["--kubeconfig", str(kube.kubeconfig)]
+        with service(args, tmp=tmp, name="bench-running", env=env) as svc:
+            url = _served_url(svc)
+            token_file = tmp / "state-bench-running" / "dev-token"
+            token = str(_until(lambda: _read(token_file), what="the dev token"))
+            took = _until_ready(svc, api)
+            print(f"every Proxy Ready {took:.0f} s after the service started ({RUNNING / took:.0f}/s)")
+            groups = {
+                "service (serve, alone)": [svc.process.pid],
+                "listeners (all entries)": pids_of(f"{tmp}/l/"),
+                "kube-apiserver + etcd": pids_of(f"{tmp}/kube"),
+            }
+            print(f"{len(groups['listeners (all entries)'])} listener processes")
+            port = int(url.rsplit(":", 1)[1])
+            window("probes alone", svc, url, groups, port=port, token=token, rate=0)
+            window(f"probes + {RATE:.0f} leases/s", svc, url, groups, port=port, token=token, rate=RATE)
+            rss = rss_mib(svc.process.pid)
+            print(f"service RSS at the end {rss:.1f} MiB: {rss / GOAL_MIB:.2f}x the {GOAL_MIB} MiB goal")
+
+
+def _create(kube: KubeApi, api: ApiClient) -> float:
+    from tests.bench import bench_incluster
+
+    def doc(namespace: str, name: str, *, port: int, provider: str) -> dict[str, Any]:
+        i = int(name[1:])
+        return _proxy(namespace, name, port=FIRST_PORT + i, provider=f"run-{i % STACKS:02d}")
+
+    bench_incluster.proxy_doc = doc  # type: ignore[assignment]  # create_proxies' document, per entry
+    return create_proxies(kube.client, RUNNING)
+
+
+def _proxy(namespace: str, name: str, *, port: int, provider: str) -> dict[str, Any]:
+    from tests.kube.cluster_fleet import proxy_doc
+
+    return proxy_doc(namespace, name, port=port, provider=provider)
+
+
+def _until_ready(svc: Service, api: ApiClient) -> float:
+    last, deadline = -1, time.monotonic() + READY_WITHIN
+    while time.monotonic() < deadline:
+        svc.alive()
+        ready = ready_count(api)
+        if ready != last:
+            print(f"  {ready}/{RUNNING} Ready after {time.monotonic() - svc.started:.0f} s", flush=True)
+            last = ready
+        if ready >= RUNNING:
+            return time.monotonic() - svc.started
+        time.sleep(10)
+    raise SystemExit(f"only {last} of {RUNNING} Proxies Ready within {READY_WITHIN:.0f} s")
+
+
+def main() -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="pr-"))
+    try:
+        run(tmp)
+    finally:
+        for pid in pids_of(f"{tmp}/l/"):  # the listeners outlive the service (their own sessions)
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+        if os.environ.get("BENCH_KEEP"):
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
