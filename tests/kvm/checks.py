@@ -7,9 +7,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from tests.kvm.host import KvmHost
+from tests.kvm.host_config import keygen, known_hosts_line
 from tests.kvm.namespace import NS_IP
 
 BRIDGE_IP = "192.168.122.1"  # the namespace's side of libvirt's NAT network: the guests reach it
@@ -107,3 +109,17 @@ class HostView:
             pool.refresh(0)
             for name in set(pool.listVolumes()) - keep_volumes:
                 pool.storageVolLookupByName(name).delete(0)
+
+
+def ssh_dir(host: KvmHost, folder: Path, *, right_key: bool) -> Path:
+    """The kvm-ssh Secret's two files as the service mounts them; when not `right_key`, a known_hosts that
+    records another key for the host's own address and port (a refused key, not an unknown host)."""
+    folder.mkdir()
+    (folder / "id_ed25519").write_bytes(host.key.read_bytes())
+    (folder / "id_ed25519").chmod(0o600)
+    if right_key:
+        (folder / "known_hosts").write_text(host.known_hosts.read_text())
+    else:
+        keygen(folder / "other", comment="not-the-host")
+        (folder / "known_hosts").write_text(known_hosts_line(folder / "other.pub", host=host.address))
+    return folder

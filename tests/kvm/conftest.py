@@ -8,8 +8,10 @@ that use them fail (never skip) with what to do: a missing libvirtd is a broken 
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,18 @@ def _sayer(config: pytest.Config, tag: str) -> Callable[[str], None]:
             print(f"\n[{tag}] {line}", end="", flush=True)
 
     return say
+
+
+@pytest.fixture(scope="package", autouse=True)
+def own_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """TMPDIR for tests/kvm and every process they start: the ssh wrapper the kvm program writes (one per
+    SSH folder, `proxy-operator-ssh-<uid>/` under the temporary directory: libvirt_conn.py) goes into the
+    tests' own folders, not the machine's /tmp."""
+    folder = tmp_path_factory.mktemp("tmp")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(folder))
+        patch.setattr(tempfile, "tempdir", None)  # read TMPDIR again in this process too
+        yield folder
 
 
 @pytest.fixture(scope="session")

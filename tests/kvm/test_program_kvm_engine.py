@@ -32,9 +32,8 @@ from automation.orphans import state_ids
 from automation.orphans.kvm import KvmHosts, kvm_orphans
 from stacks.models import KvmProvider
 from tests.conftest import ROOT, PulumiEnv
-from tests.kvm.checks import BRIDGE_IP, REFUSED_IP, SITE_PORT, HostView, site, through
+from tests.kvm.checks import BRIDGE_IP, REFUSED_IP, SITE_PORT, HostView, site, ssh_dir, through
 from tests.kvm.host import KvmHost
-from tests.kvm.host_config import keygen, known_hosts_line
 from tests.kvm.images import GuestImage
 
 pytestmark = pytest.mark.engine
@@ -59,19 +58,6 @@ class KvmStack:
 
     def through(self, endpoint: dict[str, Any], url: str, creds: str = "") -> int:
         return through(self.host, proxy=endpoint["host"], port=endpoint["port"], url=url, creds=creds)
-
-
-def _ssh_dir(host: KvmHost, folder: Path, *, right_key: bool) -> Path:
-    """The Secret's two files as the service mounts them; known_hosts with another key when not right_key."""
-    folder.mkdir()
-    (folder / "id_ed25519").write_bytes(host.key.read_bytes())
-    (folder / "id_ed25519").chmod(0o600)
-    if right_key:
-        (folder / "known_hosts").write_text(host.known_hosts.read_text())
-    else:
-        keygen(folder / "other", comment="not-the-host")
-        (folder / "known_hosts").write_text(known_hosts_line(folder / "other.pub"))
-    return folder
 
 
 def _entry(host: KvmHost, image: GuestImage, *, domain_type: str = "qemu") -> dict[str, Any]:
@@ -114,10 +100,10 @@ def kvm_stack(
         work.mkdir()
         (work / "Pulumi.yaml").write_text(f"name: proxy-operator\nruntime: python\nmain: {ROOT / 'stacks'}\n")
         stack = auto.create_or_select_stack(stack_name=f"kvm-test-{len(made)}", work_dir=str(work))
-        ssh_dir = _ssh_dir(kvm_host, tmp_path / f"ssh-{len(made)}", right_key=right_key)
-        stack.set_config("proxy-operator:kvmSshDir", auto.ConfigValue(str(ssh_dir)))
+        ssh = ssh_dir(kvm_host, tmp_path / f"ssh-{len(made)}", right_key=right_key)
+        stack.set_config("proxy-operator:kvmSshDir", auto.ConfigValue(str(ssh)))
         stack.set_config("proxy-operator:installation", auto.ConfigValue(INSTALLATION))
-        made.append(KvmStack(stack=stack, host=kvm_host, entry=entry, ssh_dir=ssh_dir))
+        made.append(KvmStack(stack=stack, host=kvm_host, entry=entry, ssh_dir=ssh))
         return made[-1]
 
     yield make

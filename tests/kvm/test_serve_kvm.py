@@ -35,9 +35,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT
-from tests.kvm.checks import BRIDGE_IP, REFUSED_IP, HostView, site, through
+from tests.kvm.checks import BRIDGE_IP, REFUSED_IP, HostView, site, ssh_dir, through
 from tests.kvm.host import KvmHost
-from tests.kvm.host_config import keygen, known_hosts_line
 from tests.kvm.images import GuestImage
 
 pytestmark = pytest.mark.engine
@@ -122,19 +121,6 @@ class Served:
         )
 
 
-def _ssh_dir(host: KvmHost, folder: Path, *, right_key: bool) -> Path:
-    """The Secret's two files as the service mounts them; known_hosts with another key when not right_key."""
-    folder.mkdir()
-    (folder / "id_ed25519").write_bytes(host.key.read_bytes())
-    (folder / "id_ed25519").chmod(0o600)
-    if right_key:
-        (folder / "known_hosts").write_text(host.known_hosts.read_text())
-    else:
-        keygen(folder / "other", comment="not-the-host")
-        (folder / "known_hosts").write_text(known_hosts_line(folder / "other.pub", host=host.address))
-    return folder
-
-
 @pytest.fixture
 def served(
     kvm_host: KvmHost, fast_image: GuestImage, libvirt: Any, tmp_path: Path, request: pytest.FixtureRequest
@@ -161,11 +147,11 @@ def served(
         ]
     }
     (manifests / "catalogue.yaml").write_text(yaml.safe_dump(catalogue))
-    ssh_dir = _ssh_dir(kvm_host, tmp_path / "ssh", right_key=right_key)
+    ssh = ssh_dir(kvm_host, tmp_path / "ssh", right_key=right_key)
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),  # the dynamic providers unpickle stacks.programs.* by reference
-        "PROXY_OPERATOR_KVM_SSH_DIR": str(ssh_dir),
+        "PROXY_OPERATOR_KVM_SSH_DIR": str(ssh),
         "PROXY_OPERATOR_STATE_DIR": str(state),
         # the guests reach the service on the bridge: the probe goes through the VM to this echo
         "PROXY_OPERATOR_HEALTH_PROBE_URL": f"http://{BRIDGE_IP}:{API_PORT}/v1/echo",
@@ -181,7 +167,7 @@ def served(
             env=env, cwd=tmp_path, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        yield Served(kvm_host, manifests, state, ssh_dir, process, log, env)
+        yield Served(kvm_host, manifests, state, ssh, process, log, env)
     finally:
         process.send_signal(signal.SIGINT)
         try:
