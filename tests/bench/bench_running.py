@@ -15,7 +15,8 @@ process), the probes per second the service counted, the event loop's lag p99 an
 Two cores cannot hold all of them at once: the CPU lines say which saturated.
 
 BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500), BENCH_WINDOW (30 s), BENCH_READY_WITHIN
-(2400 s), BENCH_KEEP=1 keeps the working folder. About 10-15 minutes at 10,000.
+(2400 s), BENCH_KEEP=1 keeps the working folder, BENCH_TRACEMALLOC=1 runs the service under tracemalloc and
+prints where its memory went (its RSS and CPU are then the tracer's too). About 10-15 minutes at 10,000.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -44,6 +46,7 @@ from service.kube.client import request_json  # noqa: E402
 from tests.bench.bench_incluster import (  # noqa: E402
     NAMESPACE,
     PROXIES_PATH,
+    TRACEMALLOC,
     Service,
     _read,
     _served_url,
@@ -59,6 +62,7 @@ from tests.bench.follower_phase import (  # noqa: E402
     paced_leases,
     quantile,
 )
+from tests.bench.incluster_trace import report_allocations  # noqa: E402
 from tests.kube.apiserver import KubeApi, running_apiserver  # noqa: E402
 
 RUNNING = int(os.environ.get("BENCH_RUNNING", "10000"))
@@ -177,9 +181,10 @@ def run(tmp: Path) -> None:
             "PROXY_OPERATOR_HEALTH_HEALTHY_THRESHOLD": "1",
         }
         args = ["--kubeconfig", str(kube.kubeconfig)]
-        with service(args, tmp=tmp, name="bench-running", env=env) as svc:
+        name = "bench-full" if TRACEMALLOC else "bench-running"  # bench_incluster traces "bench-full"
+        with service(args, tmp=tmp, name=name, env=env) as svc:
             url = _served_url(svc)
-            token_file = tmp / "state-bench-running" / "dev-token"
+            token_file = tmp / f"state-{name}" / "dev-token"
             token = str(_until(lambda: _read(token_file), what="the dev token"))
             took = _until_ready(svc, api)
             print(f"every Proxy Ready {took:.0f} s after the service started ({RUNNING / took:.0f}/s)")
@@ -194,17 +199,36 @@ def run(tmp: Path) -> None:
             window(f"probes + {RATE:.0f} leases/s", svc, url, groups, port=port, token=token, rate=RATE)
             rss = rss_mib(svc.process.pid)
             print(f"service RSS at the end {rss:.1f} MiB: {rss / GOAL_MIB:.2f}x the {GOAL_MIB} MiB goal")
+            if TRACEMALLOC:
+                report_allocations(svc.process, tmp / "snapshot", until=_until)
 
 
 def _create(kube: KubeApi, api: ApiClient) -> float:
     from tests.bench import bench_incluster
 
+    ports = _ports(RUNNING)
+
     def doc(namespace: str, name: str, *, port: int, provider: str) -> dict[str, Any]:
         i = int(name[1:])
-        return _proxy(namespace, name, port=FIRST_PORT + i, provider=f"run-{i % STACKS:02d}")
+        return _proxy(namespace, name, port=ports[i], provider=f"run-{i % STACKS:02d}")
 
     bench_incluster.proxy_doc = doc  # type: ignore[assignment]  # create_proxies' document, per entry
     return create_proxies(kube.client, RUNNING)
+
+
+def _ports(count: int) -> list[int]:
+    """`count` ports from FIRST_PORT up that nothing listens on now (etcd and kube-apiserver took theirs
+    from the tests' range below the ephemeral one: a proxy given one of them never comes up)."""
+    found, port = [], FIRST_PORT
+    while len(found) < count:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                found.append(port)
+            except OSError:
+                pass
+        port += 1
+    return found
 
 
 def _proxy(namespace: str, name: str, *, port: int, provider: str) -> dict[str, Any]:
