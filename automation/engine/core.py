@@ -260,7 +260,7 @@ class Engine:
     ) -> Iterator[tuple[auto.Stack, Any]]:
         from pulumi import automation as auto
 
-        events = EventLogger(stack=name, operation=kind)
+        events = EventLogger(stack=name, operation=kind, keep=kind.startswith("preview"))
         started = time.monotonic()
         try:
             workspace = self._workspace(name, env)
