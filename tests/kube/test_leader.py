@@ -10,6 +10,7 @@ import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -144,6 +145,27 @@ def test_one_candidate_becomes_leader_and_keeps_renewing(namespace: str, kube_cl
             renewed = lease_of(kube_client, "solo")
             assert renewed.acquired == first.acquired, "a renewal keeps acquireTime"
         assert a.calls.stopped, "a clean stop calls on_stopped"
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_keeps_renewing_while_the_default_executor_is_busy(
+    namespace: str, kube_client: ApiClient
+) -> None:
+    """The engine's operations run in the default executor (`asyncio.to_thread`) and take minutes: a leader
+    taking 10,000 running proxies in stepped down every few minutes with "no renewal for 10 s" when its
+    renewals queued behind them. Here its one thread is held for three renew deadlines."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+        async with candidates((kube_client, settings("busy", "pod-a"))) as [a]:
+            await eventually(lambda: a.calls.leading, within=10, what="pod-a to lead")
+            before = lease_of(kube_client, "busy").renewed
+            await asyncio.to_thread(time.sleep, 3 * FAST["renew_deadline_seconds"])  # an `up` in the pool
+            assert a.calls.stopped == [], "the leader stepped down while the default executor was busy"
+            assert lease_of(kube_client, "busy").renewed != before
+            assert a.elector.is_leader
 
     asyncio.run(scenario())
 
