@@ -59,8 +59,8 @@ def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorErro
     """Map a failed CLI call to a permanent or transient error with a short, useful message."""
     from pulumi import automation as auto  # loaded already: `exc` is one of its errors
 
-    text = _message(exc, limit=LIMIT)
-    whole = _message(exc, limit=None)  # a permanent error's whole reason may sit past the cut
+    whole = _message(exc)  # a permanent error's whole reason may sit past the cut
+    text = whole[:LIMIT]
     if isinstance(exc, auto.errors.ConcurrentUpdateError):
         holders = tuple(f"{o.user}@{o.host} (pid {o.pid})" for o in lock_owners(str(exc)))
         return StackLockedError(f"stack {stack} is locked by another operation: {text}", holders=holders)
@@ -75,7 +75,7 @@ def translate(exc: auto.errors.CommandError, *, stack: str) -> ProxyOperatorErro
     return TransientError(f"stack {stack}: {text}", reason=Reason.TRANSIENT)
 
 
-def _message(exc: auto.errors.CommandError, *, limit: int | None = None) -> str:
+def _message(exc: auto.errors.CommandError) -> str:
     """The diagnostics part of the CLI's output, without the progress noise; at most a few lines."""
     raw = str(exc)
     lines = [line.strip() for line in raw.splitlines() if line.strip()]
@@ -83,8 +83,7 @@ def _message(exc: auto.errors.CommandError, *, limit: int | None = None) -> str:
     keep = ("error", "exception", "created by")
     wanted = [line for line in lines if any(word in line.lower() for word in keep)]
     picked = wanted or lines[-5:]
-    joined = " | ".join(dict.fromkeys(picked))
-    return joined if limit is None else joined[:limit]
+    return " | ".join(dict.fromkeys(picked))
 
 
 def _leading(pattern: re.Pattern[str], text: str) -> str:

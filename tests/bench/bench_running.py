@@ -57,6 +57,7 @@ from tests.bench.bench_incluster import (  # noqa: E402
 )
 from tests.bench.follower_phase import (  # noqa: E402
     LEASE_ENV,
+    _rss_mib,
     cpu_seconds,
     lag_buckets,
     paced_leases,
@@ -118,13 +119,6 @@ def cpu_of(pids: list[int]) -> float:
     return total
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def probes(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=30).text
     return sum(
@@ -140,12 +134,12 @@ def window(
     cpu = {name: cpu_of(pids) for name, pids in groups.items()}
     own = time.process_time()
     lag, probed, started = lag_buckets(url), probes(url), time.monotonic()
-    rss = [rss_mib(svc.process.pid)]
+    rss = [_rss_mib(svc.process.pid)]
     latencies, not_ok = paced_leases(port, token, rate=rate)(WINDOW) if rate else ([], 0)
     if not rate:
         time.sleep(WINDOW)
     wall = time.monotonic() - started
-    rss.append(rss_mib(svc.process.pid))
+    rss.append(_rss_mib(svc.process.pid))
     used = {name: (cpu_of(pids) - cpu[name]) / wall for name, pids in groups.items()}
     used["lease generator (this bench)"] = (time.process_time() - own) / wall
     line = (
@@ -190,7 +184,7 @@ def run(tmp: Path) -> None:
             print(f"every Proxy Ready {took:.0f} s after the service started ({RUNNING / took:.0f}/s)")
             if TRACEMALLOC:  # the traced service is too slow for the windows' figures to mean anything
                 time.sleep(WINDOW)
-                print(f"service RSS {rss_mib(svc.process.pid):.1f} MiB (traced)")
+                print(f"service RSS {_rss_mib(svc.process.pid):.1f} MiB (traced)")
                 report_allocations(svc.process, tmp / "snapshot", until=_until)
                 return
             groups = {
@@ -202,7 +196,7 @@ def run(tmp: Path) -> None:
             port = int(url.rsplit(":", 1)[1])
             window("probes alone", svc, url, groups, port=port, token=token, rate=0)
             window(f"probes + {RATE:.0f} leases/s", svc, url, groups, port=port, token=token, rate=RATE)
-            rss = rss_mib(svc.process.pid)
+            rss = _rss_mib(svc.process.pid)
             print(f"service RSS at the end {rss:.1f} MiB: {rss / GOAL_MIB:.2f}x the {GOAL_MIB} MiB goal")
 
 

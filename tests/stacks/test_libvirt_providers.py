@@ -35,6 +35,13 @@ POOL = "default-pool"
 GIB = 1024**3
 
 
+@pytest.fixture(autouse=True)
+def own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ssh wrapper (libvirt_conn.py, under the temporary directory) goes into the test's own folder."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+
+
 @pytest.fixture
 def test_conn() -> Iterator[Any]:
     libvirt = libvirt_module()

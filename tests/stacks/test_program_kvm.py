@@ -10,6 +10,8 @@ the test KVM host in tests/kvm/test_program_kvm_engine.py.
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,6 +49,13 @@ ENTRY = KvmProvider.model_validate(
         ],
     }
 )
+
+
+@pytest.fixture(autouse=True)
+def own_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ssh wrapper (libvirt_conn.py, under the temporary directory) goes into the test's own folder."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", None)
 
 
 def _lease(outputs: dict[str, Any]) -> dict[str, Any]:
