@@ -11,6 +11,7 @@ import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -109,6 +110,11 @@ class OperatorSettings(BaseSettings):
         30.0,
         ge=0,
         description="Free C heap pages go back to the system this often (glibc's malloc_trim); 0: off.",
+    )
+    access_log: Literal["all", "api", "off"] = Field(
+        "api",
+        description="Which requests get an access-log line: all; api (all but the probes' /v1/echo and "
+        "successful /healthz, /readyz and /metrics); off.",
     )
     listen_host: str = Field("127.0.0.1", description="Address the API listens on.")
     listen_port: int = Field(

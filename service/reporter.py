@@ -74,11 +74,15 @@ class Reporter:
             if out is None or key in (missing or set()):
                 continue  # left out, or its resources are gone (drift reported): claim nothing
             held_back = key in (held or set()) or self.planner.held_version(key) is not None
+            new_here = self._applied_hash.get(key) != planned.spec_hash
             if not held_back:
                 self._applied_hash[key] = planned.spec_hash
             self._provisioned(key, stack=plan.name, held=held_back)
             if result is not None:
-                log.info(
+                # A line for what this run made or changed; the stack's other proxies only at DEBUG (an
+                # `up` of one change in a stack of 500 wrote 500 lines).
+                log.log(
+                    logging.INFO if new_here else logging.DEBUG,
                     "%s serves at %s://%s:%s",
                     key,
                     out.get("protocol") or "http",

@@ -38,6 +38,7 @@ from service.incluster import ClusterMode
 from service.inventory import Inventory
 from service.kube.client import api_client
 from service.kube.settings import KubeSettings
+from service.logging_setup import access_log
 from service.loop_lag import LoopLag
 from service.memory import trim_periodically
 from service.pools.wiring import attach_discovery
@@ -203,6 +204,7 @@ def _assemble(
         host=settings.listen_host,
         port=listen_port,
         log_config=None,
+        access_log=access_log(settings.access_log),
         lifespan="on",
         proxy_headers=False,  # /v1/echo must report the peer (the egress IP), never a forwarded header
     )

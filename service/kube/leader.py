@@ -8,6 +8,14 @@ sees another holder, it stops leading: `on_stopped` runs to completion before it
 starts before the renew deadline, so the work stops before the Lease can expire for the others. A clean stop
 runs `on_stopped`, then releases the Lease (no holder) so the next candidate takes it within one retry period.
 
+A leader renews from a thread of its own, not from the event loop: on a saturated machine (10,000 running
+proxies on two cores) the loop came back to its renewal after the deadline and the leader stepped down every
+few minutes while every renewal it did try succeeded. The thread renews while the loop shows life (it stamps
+twice a retry period); a loop that has not run for loop_stall_seconds (30 s: about when the kubelet's
+liveness probe, which the loop answers, would restart the pod) is taken as stuck and the thread stops
+renewing, so a wedged process loses the lead as a dead one would. What a late loop may still do is bounded by
+the term: every `pulumi` child's watchdog kills it at the work deadline, which only a renewal extends.
+
 Renew times are compared with this replica's wall clock, as client-go's record does: keep node clocks in
 sync (NTP); a skew longer than the lease duration makes a follower take a live leader's Lease, which the
 leader then notices at its next renewal (its write gets a 409) and steps down.
@@ -19,6 +27,8 @@ import asyncio
 import contextlib
 import enum
 import logging
+import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -75,8 +85,11 @@ class LeaderElector:
         self._on_renewed = on_renewed  # given the new work deadline (monotonic) after each renewal
         self._namespace = settings.own_namespace()
         self._observed: LeaseRecord | None = None
-        self._leading = False
-        self.renewed_at: float | None = None  # loop time when the last successful renewal was sent
+        self._leading = False  # on_started ran and on_stopped has not yet: the term is open
+        self._lost: str | None = None  # why the renewer thread gave the lead up (the loop steps down)
+        self._state = threading.Lock()  # the renewer's success against the loop's step-down
+        self._loop_seen = 0.0  # time.monotonic() when the loop last stamped, while leading
+        self.renewed_at: float | None = None  # time.monotonic() when the last successful renewal was sent
         # The Lease's calls get threads of their own: in the default executor they queued behind the
         # engine's operations and reads (`asyncio.to_thread`: 6 threads on 2 cores), and a leader taking
         # 10,000 running proxies in stepped down every few minutes with "no renewal for 10 s" while its
@@ -90,7 +103,7 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
-        return self._leading
+        return self._leading and self._lost is None
 
     def holder(self) -> str | None:
         """The holder of the Lease as last observed (None: nobody, or not read yet)."""
@@ -100,7 +113,7 @@ class LeaderElector:
         record = self._observed or LeaseRecord()
         return ElectionFigures(
             identity=self.identity,
-            is_leader=self._leading,
+            is_leader=self.is_leader,
             holder=record.holder,
             transitions=record.transitions,
             last_handover=record.acquired,
@@ -111,8 +124,14 @@ class LeaderElector:
         log.info("leader election for Lease %s/%s as %s", self._namespace, self._lease_name, self.identity)
         try:
             while not stop.is_set():
-                pause = await (self._renew() if self._leading else self._campaign())
-                await _wait(stop, pause)
+                if not self._leading:
+                    await self._campaign()
+                if self._leading:
+                    why = await self._hold(stop)
+                    if why is not None:
+                        await self._step_down(why)
+                        continue  # campaign again at once: the Lease may still name us
+                await _wait(stop, self._settings.retry_period_seconds)
         finally:
             try:
                 if self._leading:
@@ -123,10 +142,10 @@ class LeaderElector:
 
     # --- one step each -------------------------------------------------------------------------------
 
-    async def _campaign(self) -> float:
-        now = _loop_time()
+    async def _campaign(self) -> None:
+        now = time.monotonic()
         if await self._attempt(timeout=self._settings.retry_period_seconds) is Outcome.OURS:
-            self.renewed_at, self._leading = now, True
+            self.renewed_at, self._lost, self._leading = now, None, True
             log.info("%s became the leader (transition %d)", self.identity, self.figures().transitions)
             try:
                 await self._on_started()
@@ -134,37 +153,91 @@ class LeaderElector:
                 log.exception("starting the leader's work failed; giving the lead up")
                 await self._step_down("its work did not start")
                 await self._release()
-        return self._settings.retry_period_seconds
 
-    async def _renew(self) -> float:
-        """One renewal; steps down on another holder, or when the next try could not beat the deadline."""
+    async def _hold(self, stop: asyncio.Event) -> str | None:
+        """Lead while the renewer thread keeps the Lease: returns why it gave the lead up, or None when
+        `stop` was set. Stamps the loop's life each retry period for the thread."""
+        loop, lost, halt = asyncio.get_running_loop(), asyncio.Event(), threading.Event()
+        self._loop_seen = time.monotonic()
+        renewer = threading.Thread(
+            target=self._renewing,
+            args=(lambda: loop.call_soon_threadsafe(lost.set), halt),
+            name=f"lease-renewer-{self.identity}",
+            daemon=True,
+        )
+        renewer.start()
+        try:
+            while not stop.is_set() and not lost.is_set():
+                self._loop_seen = time.monotonic()
+                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())]
+                try:
+                    await asyncio.wait(
+                        waits,
+                        timeout=self._settings.retry_period_seconds / 2,
+                        return_when=asyncio.FIRST_COMPLETED,
+                    )
+                finally:
+                    for waiting in waits:
+                        waiting.cancel()
+            return self._lost if lost.is_set() else None
+        finally:
+            halt.set()
+            # An attempt in flight ends within its own timeout; the release must not race it.
+            await asyncio.get_running_loop().run_in_executor(
+                self._calls, renewer.join, self._settings.renew_deadline_seconds
+            )
+
+    # --- the renewer thread --------------------------------------------------------------------------
+
+    def _renewing(self, tell_lost: Callable[[], None], halt: threading.Event) -> None:
+        """Renew every retry period until the lead is lost (then tell the loop) or `halt` is set."""
         retry = self._settings.retry_period_seconds
-        started = _loop_time()
+        while not halt.wait(retry):
+            why = self._renew_once(halt)
+            if why is not None:
+                self._lost = why  # is_leader is False from here on, for every thread
+                tell_lost()
+                return
+
+    def _renew_once(self, halt: threading.Event) -> str | None:
+        """One renewal; the reason to step down (another holder, or the next try could not beat the
+        deadline), or None."""
+        settings = self._settings
+        started = time.monotonic()
         budget = self._deadline() - started
-        outcome = await self._attempt(timeout=budget) if budget > 0 else Outcome.FAILED
+        quiet = started - self._loop_seen
+        if quiet > settings.loop_stall_seconds:
+            log.warning("%s: the event loop has not run for %.1f s; not renewing", self.identity, quiet)
+            outcome = Outcome.FAILED
+        else:
+            outcome = self._attempt_sync(timeout=budget) if budget > 0 else Outcome.FAILED
         if outcome is Outcome.OURS:
-            self.renewed_at = started
-            self._on_renewed(self.work_deadline())
-        elif outcome is Outcome.HELD:
-            await self._step_down(f"the Lease is held by {self.holder()}")
-        elif _loop_time() + retry >= self._deadline():
-            await self._step_down(f"no renewal for {self._settings.renew_deadline_seconds:g} s")
-        return retry if self._leading else 0.0
+            with self._state:
+                if self._leading and not halt.is_set():
+                    self.renewed_at = started
+                    self._on_renewed(self.work_deadline())
+            return None
+        if outcome is Outcome.HELD:
+            return f"the Lease is held by {self.holder()}"
+        if time.monotonic() + settings.retry_period_seconds >= self._deadline():
+            return f"no renewal for {settings.renew_deadline_seconds:g} s"
+        return None
 
     def work_deadline(self) -> float:
-        """Monotonic time by which this leader's work must have stopped unless it renews (0: not leading).
-        The loop's clock is time.monotonic, the clock the term's watchdogs compare with."""
-        return self._deadline() if self._leading and self.renewed_at is not None else 0.0
+        """Monotonic time by which this leader's work must have stopped unless it renews (0: not leading):
+        the clock the term's watchdogs compare with."""
+        return self._deadline() if self.is_leader and self.renewed_at is not None else 0.0
 
     def _deadline(self) -> float:
-        """Loop time by which the leader must have stopped its work unless it renews: renew_deadline
+        """Monotonic time by which the leader must have stopped its work unless it renews: renew_deadline
         after its last renewal, less a margin for the loop to get to `on_stopped`."""
         assert self.renewed_at is not None
         margin = min(0.1, self._settings.retry_period_seconds / 4)
         return self.renewed_at + self._settings.renew_deadline_seconds - margin
 
     async def _step_down(self, why: str, *, level: int = logging.WARNING) -> None:
-        self._leading = False
+        with self._state:
+            self._leading = False
         log.log(level, "%s stops leading: %s", self.identity, why)
         try:
             await self._on_stopped()
@@ -184,6 +257,15 @@ class LeaderElector:
         try:
             return await asyncio.wait_for(self._in_thread(self._try_acquire_or_renew, timeout), timeout)
         except API_ERRORS as exc:
+            log.warning("%s could not reach Lease %s: %s", self.identity, self._lease_name, _brief(exc))
+            return Outcome.FAILED
+
+    def _attempt_sync(self, *, timeout: float) -> Outcome:
+        """`_attempt` for the renewer thread: the call runs on the Lease's executor, abandoned after
+        `timeout` (its own request times out soon after)."""
+        try:
+            return self._calls.submit(self._try_acquire_or_renew, timeout).result(timeout)
+        except API_ERRORS as exc:  # TimeoutError included: the result did not come in time
             log.warning("%s could not reach Lease %s: %s", self.identity, self._lease_name, _brief(exc))
             return Outcome.FAILED
 
@@ -264,10 +346,6 @@ async def _wait(stop: asyncio.Event, seconds: float) -> None:
         return
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), seconds)
-
-
-def _loop_time() -> float:
-    return asyncio.get_running_loop().time()
 
 
 def _brief(exc: BaseException) -> str:

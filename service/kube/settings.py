@@ -50,6 +50,13 @@ class KubeSettings(BaseSettings):
         10.0, gt=0, le=300, description="A leader that cannot renew within this long stops its work."
     )
     retry_period_seconds: float = Field(2.0, gt=0, le=60, description="How often the Lease is tried.")
+    loop_stall_seconds: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description="A leader whose event loop has not run for this long stops renewing its Lease (renewals "
+        "come from a thread of their own): a wedged process gives the lead up as a dead one would.",
+    )
 
     @model_validator(mode="after")
     def _election_timing(self) -> KubeSettings:
@@ -59,6 +66,8 @@ class KubeSettings(BaseSettings):
             raise ValueError("renew_deadline_seconds must be shorter than lease_duration_seconds")
         if not self.retry_period_seconds < self.renew_deadline_seconds:
             raise ValueError("retry_period_seconds must be shorter than renew_deadline_seconds")
+        if self.loop_stall_seconds < self.renew_deadline_seconds:
+            raise ValueError("loop_stall_seconds must be at least renew_deadline_seconds")
         return self
 
     def probe_pods(self, listen_port: int) -> str:

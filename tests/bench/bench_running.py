@@ -5,7 +5,8 @@ The Proxies are spread over BENCH_STACKS `local` entries with `processModel: sha
 (docs/decisions.md, "Checkpoints"): one listener process per entry serves each proxy on its own port with its
 own generated credentials, egress policy and lease users. The service is `proxy-operator serve --kubeconfig`
 in its own process (its RSS is its own: the engine and the listeners are other processes), with the default
-health probing (every 10 s, through each proxy to the service's own echo route).
+health probing every 10 s, through each proxy to an echo route in a process of its own (as the issue allows:
+the probes' targets are not the service's work; BENCH_ECHO=service probes the service's own /v1/echo).
 
 Printed, never asserted: the time until every Proxy is Ready (the whole fleet made by the real engine), the
 service's RSS against the 128 MiB goal, then two windows: probes alone, and probes with a paced lease load
@@ -14,9 +15,13 @@ of the service, the listeners together, kube-apiserver + etcd and the lease gene
 process), the probes per second the service counted, the event loop's lag p99 and the leases' latency.
 Two cores cannot hold all of them at once: the CPU lines say which saturated.
 
+The service's RSS is printed with its parts from /proc (anonymous memory against mapped files, the
+libraries' pages) as it grows.
+
 BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500), BENCH_WINDOW (30 s), BENCH_READY_WITHIN
-(2400 s), BENCH_KEEP=1 keeps the working folder, BENCH_TRACEMALLOC=1 runs the service under tracemalloc and
-prints where its memory went (its RSS and CPU are then the tracer's too). About 10-15 minutes at 10,000.
+(2400 s), BENCH_ECHO (own), BENCH_KEEP=1 keeps the working folder, BENCH_TRACEMALLOC=1 runs the service
+under tracemalloc and prints where its memory went (its RSS and CPU are then the tracer's too). About 15-20
+minutes at 10,000.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +77,7 @@ STACKS = int(os.environ.get("BENCH_STACKS", "20"))
 RATE = float(os.environ.get("BENCH_LEASE_RATE", "500"))
 WINDOW = float(os.environ.get("BENCH_WINDOW", "30"))
 READY_WITHIN = float(os.environ.get("BENCH_READY_WITHIN", "2400"))
+ECHO = os.environ.get("BENCH_ECHO", "own")
 GOAL_MIB = 128
 FIRST_PORT = 20000  # below the ephemeral range (32768-60999 here): no outgoing connection holds one
 
@@ -176,7 +183,11 @@ def run(tmp: Path) -> None:
         }
         args = ["--kubeconfig", str(kube.kubeconfig)]
         name = "bench-full" if TRACEMALLOC else "bench-running"  # bench_incluster traces "bench-full"
-        with service(args, tmp=tmp, name=name, env=env) as svc:
+        with contextlib.ExitStack() as stack:
+            if ECHO == "own":
+                echo = stack.enter_context(echo_server())
+                env["PROXY_OPERATOR_HEALTH_PROBE_URL"] = f"http://127.0.0.1:{echo.args[-1]}/v1/echo"
+            svc = stack.enter_context(service(args, tmp=tmp, name=name, env=env))
             url = _served_url(svc)
             token_file = tmp / f"state-{name}" / "dev-token"
             token = str(_until(lambda: _read(token_file), what="the dev token"))
@@ -192,12 +203,15 @@ def run(tmp: Path) -> None:
                 "listeners (all entries)": pids_of(f"{tmp}/l/"),
                 "kube-apiserver + etcd": pids_of(f"{tmp}/kube"),
             }
+            if ECHO == "own":
+                groups["echo route (its own process)"] = [echo.pid]
             print(f"{len(groups['listeners (all entries)'])} listener processes")
             port = int(url.rsplit(":", 1)[1])
             window("probes alone", svc, url, groups, port=port, token=token, rate=0)
             window(f"probes + {RATE:.0f} leases/s", svc, url, groups, port=port, token=token, rate=RATE)
             rss = _rss_mib(svc.process.pid)
             print(f"service RSS at the end {rss:.1f} MiB: {rss / GOAL_MIB:.2f}x the {GOAL_MIB} MiB goal")
+            print(f"service {memory_parts(svc.process.pid)}")
 
 
 def _create(kube: KubeApi, api: ApiClient) -> float:
@@ -234,13 +248,52 @@ def _proxy(namespace: str, name: str, *, port: int, provider: str) -> dict[str, 
     return proxy_doc(namespace, name, port=port, provider=provider)
 
 
+@contextlib.contextmanager
+def echo_server() -> Iterator[subprocess.Popen[bytes]]:
+    """bench_discovery's echo route (`/v1/echo` answering the caller's address) in a process of its own."""
+    from tests.bench import bench_discovery
+
+    port = _free_port()
+    args = [sys.executable, bench_discovery.__file__, "serve", "echo", str(port)]
+    process = subprocess.Popen(args)
+    try:
+        bench_discovery._wait_listening(port, process, "echo server")
+        yield process
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def memory_parts(pid: int) -> str:
+    """The RSS with its parts: anonymous (heaps, arenas, stacks) and file-backed (the libraries' pages)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssAnon", "RssFile", "VmHWM", "Threads"):
+            fields[key] = value.split()[0]
+    mib = {key: int(value) / 1024 for key, value in fields.items() if key != "Threads"}
+    rss, anon, files, peak = (mib.get(key, 0.0) for key in ("VmRSS", "RssAnon", "RssFile", "VmHWM"))
+    threads = fields.get("Threads", "?")
+    return f"RSS {rss:.0f} MiB (anon {anon:.0f}, files {files:.0f}; peak {peak:.0f}), {threads} threads"
+
+
 def _until_ready(svc: Service, api: ApiClient) -> float:
     last, deadline = -1, time.monotonic() + READY_WITHIN
     while time.monotonic() < deadline:
         svc.alive()
         ready = ready_count(api)
         if ready != last:
-            print(f"  {ready}/{RUNNING} Ready after {time.monotonic() - svc.started:.0f} s", flush=True)
+            print(
+                f"  {ready}/{RUNNING} Ready after {time.monotonic() - svc.started:.0f} s; service "
+                f"{memory_parts(svc.process.pid)}",
+                flush=True,
+            )
             last = ready
         if ready >= RUNNING:
             return time.monotonic() - svc.started

@@ -170,6 +170,57 @@ def test_a_leader_keeps_renewing_while_the_default_executor_is_busy(
     asyncio.run(scenario())
 
 
+def block_the_loop(seconds: float) -> None:
+    """Hold the event loop as a burst of work on a saturated machine does (the GIL and two cores shared
+    with a dozen processes): nothing on the loop runs meanwhile."""
+    time.sleep(seconds)
+
+
+def test_a_leader_keeps_the_lead_while_its_event_loop_is_late(namespace: str, kube_client: ApiClient) -> None:
+    """At 10,000 running proxies the loop came back to its renewal after the deadline, and the leader
+    stepped down every few minutes while every renewal it tried succeeded. The renewals now come from a
+    thread: here the loop is held for 3 s at a time, three times, against a 2 s renew deadline (the loop
+    renewing itself gives the lead up at the first)."""
+    config = settings("late-loop", "pod-a", loop_stall_seconds=4.0)
+
+    async def scenario() -> None:
+        async with candidates((kube_client, config)) as [a]:
+            await eventually(lambda: a.calls.leading, within=10, what="pod-a to lead")
+            renewals = []
+            for _ in range(3):
+                block_the_loop(3.0)
+                renewals.append(lease_of(kube_client, "late-loop").renewed)
+                await asyncio.sleep(0.05)
+            assert a.calls.stopped == [], "the leader stepped down while its loop was late"
+            assert a.elector.is_leader
+            assert len(set(renewals)) == 3, f"the Lease was not renewed while the loop was held: {renewals}"
+
+    asyncio.run(scenario())
+
+
+def test_a_leader_whose_event_loop_is_stuck_gives_the_lead_up(namespace: str, kube_client: ApiClient) -> None:
+    """A loop that does not run for loop_stall_seconds is taken as stuck: the renewer stops renewing, so the
+    Lease expires for the others as it would for a dead process, and the leader steps down once its loop
+    runs again."""
+    config = settings("stuck-loop", "pod-a", loop_stall_seconds=2.5)  # lease 3 s, renew deadline 2 s
+
+    async def scenario() -> None:
+        async with candidates((kube_client, config)) as [a]:
+            await eventually(lambda: a.calls.leading, within=10, what="pod-a to lead")
+            held_from = utcnow()
+            block_the_loop(6.0)
+            renewed = lease_of(kube_client, "stuck-loop").renewed
+            assert renewed is not None
+            renewed_after = (renewed - held_from).total_seconds()
+            assert renewed_after < config.loop_stall_seconds + 0.5, (
+                f"renewed {renewed_after:.1f} s into a stuck loop"
+            )
+            assert not a.elector.is_leader, "the renewer gave the lead up; every thread sees it"
+            await eventually(lambda: a.calls.stopped, within=5, what="pod-a to step down")
+
+    asyncio.run(scenario())
+
+
 def test_a_follower_waits_and_takes_over_at_once_after_a_clean_stop(
     namespace: str, kube_client: ApiClient
 ) -> None:
@@ -337,6 +388,8 @@ def test_a_conflicting_write_is_read_again_and_decided_afresh(
 def test_the_settings_refuse_a_renew_deadline_past_the_lease() -> None:
     with pytest.raises(ValueError, match="renew_deadline_seconds"):
         settings("x", "pod-a", renew_deadline_seconds=3.0)
+    with pytest.raises(ValueError, match="loop_stall_seconds"):
+        settings("x", "pod-a", loop_stall_seconds=1.0)
 
 
 # --- lease_holder_gone: may a stack lock of `identity` be cancelled? ------------------------------------
