@@ -36,6 +36,7 @@ from automation.stack_input import (
     resolve_stack,
     unreadable_applied,
 )
+from automation.stack_outputs import StackOutputs
 from stacks.models import Proxy
 from stacks.models.conditions import Reason
 
@@ -78,7 +79,7 @@ class Reconciler:
     credentials: CredentialSource
     installation: str = "default"
     _applied: dict[str, str] = field(default_factory=dict)
-    _outputs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _outputs: StackOutputs = field(default_factory=StackOutputs)  # deflated: automation/stack_outputs.py
     _owned: dict[str, Ownership] = field(default_factory=dict)
     _refusals: dict[str, str] = field(default_factory=dict)  # stack -> why we leave it alone
     _drift_due: set[str] = field(default_factory=set)
@@ -110,7 +111,7 @@ class Reconciler:
             missing = await self._detect_drift(name) if detect else set()
             self.reporter.stack_applied(
                 plan,
-                outputs=self._outputs.get(name, {}),
+                outputs=self._outputs.get(name),
                 result=None,
                 missing=missing,
                 held=set(resolved.held),
@@ -153,7 +154,7 @@ class Reconciler:
                 reason=Reason.INVALID_SPEC,
             )
         applied = applied_proxies(outputs.get(APPLIED_PROXIES_OUTPUT))
-        self._outputs[name] = outputs
+        self._outputs.put(name, outputs)
         self._applied[name] = str(outputs.get(HASH_OUTPUT) or "")
         self.planner.remember_applied(applied)
         if applied and self._is_local(name):
@@ -164,11 +165,11 @@ class Reconciler:
 
     def applied(self, name: str) -> list[Proxy]:
         """The proxies the stack's outputs say it runs (empty before `load_stack`)."""
-        return applied_proxies(self._outputs.get(name, {}).get(APPLIED_PROXIES_OUTPUT))
+        return applied_proxies(self._outputs.get(name).get(APPLIED_PROXIES_OUTPUT))
 
     def applied_outputs(self, name: str) -> dict[str, Any]:
-        """The outputs of the stack's last successful `up` (empty before `load_stack`)."""
-        return self._outputs.get(name, {})
+        """The outputs of the stack's last successful `up` (empty before `load_stack`): a fresh copy."""
+        return self._outputs.get(name)
 
     def last_update(self, name: str) -> LastUpdate | None:
         """How the stack's last `up` or `destroy` went (None before the first since this process started)."""
@@ -218,7 +219,7 @@ class Reconciler:
         return entry is not None and entry.type == "local"
 
     def _resolve(self, plan: StackPlan) -> ResolvedStack:
-        applied_credentials = self._outputs.get(plan.name, {}).get(CREDENTIALS_OUTPUT) or {}
+        applied_credentials = self._outputs.get(plan.name).get(CREDENTIALS_OUTPUT) or {}
         resolved = resolve_stack(plan, self.credentials, applied_credentials=applied_credentials)
         for key, message in resolved.skipped.items():
             self.reporter.proxy_event(key, reason=Reason.CREDENTIALS_MISSING, message=message, warning=True)
@@ -257,7 +258,7 @@ class Reconciler:
             raise
         self.updates.forget(name)  # the stack is gone, and its row with it
         self._applied.pop(name, None)
-        self._outputs.pop(name, None)
+        self._outputs.pop(name)
         self._owned.pop(name, None)
         self._refusals.pop(name, None)
         if result is not None:
@@ -281,7 +282,7 @@ class Reconciler:
         self.reporter.operation_finished(plan, type_="up")
         self._owned[plan.name] = Ownership.OURS  # created (and tagged) by this up if it was new
         self._applied[plan.name] = resolved.input.spec_hash
-        self._outputs[plan.name] = result.outputs
+        self._outputs.put(plan.name, result.outputs)
         self._drift_due.discard(plan.name)
         self._run_due.discard(plan.name)
         self.planner.mark_applied(plan)

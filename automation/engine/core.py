@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, OWNER_TAG, EngineConfig, StackInput
 from automation.engine.config_cache import ConfigCache, config_digest
 from automation.engine.errors import STACK_NOT_FOUND, translate
-from automation.engine.events import EventLogger
+from automation.engine.events import UNCHANGING, EventLogger
 from automation.engine.locks import LockRecovery
 from automation.engine.results import OperationResult, PreviewStep, StackInfo, steps_from_events
 from automation.engine.state_edit import remove_components
@@ -136,9 +136,12 @@ class Engine:
     def detect_drift(self, name: str) -> list[PreviewStep]:
         """Preview a refresh: what differs between state and the real resources, changing nothing."""
         with self._operation(name, "preview-refresh", create=False) as (stack, events):
+            # Only the outcomes that differ are kept: each event holds a resource's whole state, and a
+            # stack of 500 shared proxies sends about 3,000 (over 100 MiB held at 10,000 proxies).
+            events.keep = _drifted
             self._retry_lock(stack, lambda: stack.preview_refresh(on_event=events))
-            steps = steps_from_events(events.events, outcomes=True)
-            return [step for step in steps if step.op not in ("same", "read", "refresh")]
+            steps = steps_from_events(events.events, outcomes=True, proxy_of=events.proxy_for)
+            return [step for step in steps if step.op not in UNCHANGING]
 
     def destroy(self, name: str) -> OperationResult | None:
         """Destroy every resource of a stack, then remove the stack. None when there was no stack."""
@@ -373,3 +376,9 @@ class _Runner:
 
 def _plain(outputs: dict[str, Any]) -> dict[str, Any]:
     return {key: value.value for key, value in outputs.items()}
+
+
+def _drifted(event: Any) -> bool:
+    """A drift check's event worth keeping: a step's outcome that changes something."""
+    outcome = event.res_outputs_event
+    return outcome is not None and str(outcome.metadata.op.value) not in UNCHANGING

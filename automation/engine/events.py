@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,8 @@ if TYPE_CHECKING:  # annotations only: the SDK is imported by the engine's first
     from pulumi.automation import events as ev
 
 log = logging.getLogger("automation.engine.events")
+
+UNCHANGING = frozenset({"same", "read", "refresh"})  # step ops that change no resource
 
 COMPONENT_TYPE = "proxy-operator:index:Proxy"
 
@@ -31,12 +34,12 @@ class EventLogger:
 
     stack: str
     operation: str
-    keep: bool = False
+    keep: bool | Callable[[ev.EngineEvent], bool] = False  # every event, or those the predicate takes
     events: list[ev.EngineEvent] = field(default_factory=list)
     _proxy_of: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, event: ev.EngineEvent) -> None:
-        if self.keep:
+        if self.keep is True or (callable(self.keep) and self.keep(event)):
             self.events.append(event)
         if event.resource_pre_event is not None:
             self._step(event.resource_pre_event.metadata)
@@ -62,7 +65,8 @@ class EventLogger:
             self._proxy_of[meta.urn] = urn_name(meta.urn)
         elif parent in self._proxy_of:
             self._proxy_of[meta.urn] = self._proxy_of[parent]
-        level = logging.DEBUG if str(meta.op.value) == "same" else logging.INFO
+        # Steps that change nothing at DEBUG: a drift check of a 500-proxy stack announces 1,500 refreshes.
+        level = logging.DEBUG if str(meta.op.value) in UNCHANGING else logging.INFO
         self._log(level, "step", urn=meta.urn, op=str(meta.op.value))
 
     def _diagnostic(self, diag: ev.DiagnosticEvent) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -52,9 +53,15 @@ class PreviewStep:
     diffs: tuple[str, ...] = ()
 
 
-def steps_from_events(events: list[ev.EngineEvent], *, outcomes: bool = False) -> list[PreviewStep]:
+def steps_from_events(
+    events: list[ev.EngineEvent],
+    *,
+    outcomes: bool = False,
+    proxy_of: Callable[[str], str | None] | None = None,
+) -> list[PreviewStep]:
     """Steps as announced before they run; with `outcomes`, as they turned out (a refresh step is
-    announced as `refresh` and ends as `same`, `update` or `delete`)."""
+    announced as `refresh` and ends as `same`, `update` or `delete`). `proxy_of` names each step's proxy
+    where `events` do not hold every parent (`EventLogger.proxy_for`)."""
     if outcomes:
         metas = [e.res_outputs_event.metadata for e in events if e.res_outputs_event is not None]
     else:
@@ -67,7 +74,7 @@ def steps_from_events(events: list[ev.EngineEvent], *, outcomes: bool = False) -
             urn=meta.urn,
             type=meta.type,
             name=urn_name(meta.urn),
-            proxy=_proxy_of(meta.urn, parents),
+            proxy=proxy_of(meta.urn) if proxy_of is not None else _proxy_of(meta.urn, parents),
             diffs=tuple(meta.diffs or meta.keys or ()),  # keys: what forces a replacement
         )
         for meta in metas

@@ -321,3 +321,36 @@ def test_a_status_read_back_is_the_writers_copy(kube_client: ApiClient, ns: str)
             assert second._written[ref.uid] is watched[key]
     finally:
         second.close()
+
+
+def test_a_status_marked_first_is_not_held_back_by_newer_marks(
+    kube_api: Any, kube_client: ApiClient, ns: str
+) -> None:
+    """10,000 running proxies turn Healthy one after the other: a steady inflow of newer marks. Taken
+    newest first alone, a status marked before them waited behind all of them (the bench saw 12 Proxies
+    show "not applied yet" for 7 minutes after they served); half of each batch is now the longest waiting."""
+    bulk = create_many(kube_api, ns, 300)
+    first = create_proxy(kube_client, ns, "first")
+    refs = {ref.key: ref for ref in [first, *bulk]}
+    board = StatusBoard()
+    writer = StatusWriter(kube_client, board, refs.get, backoff=(0.05,))
+    board.subscribe(writer.mark)
+    try:
+        applied(board, first)
+        time.sleep(0.2)  # settled: due before every one of the bulk
+        for ref in bulk:  # all marked before the worker takes its first batch
+            board.set_condition(
+                ref.key, type_=ConditionType.STALLED, true=True, reason=Reason.UNKNOWN_PROVIDER
+            )
+        time.sleep(0.2)
+        writer._start_thread()
+        assert writer.wait_idle(IDLE)
+        revisions = {
+            item["metadata"]["name"]: int(item["metadata"]["resourceVersion"])
+            for item in request_json(kube_client, "GET", first.path().rsplit("/", 1)[0])["items"]
+        }
+        after = sum(1 for ref in bulk if revisions[ref.name] > revisions[first.name])
+        assert read_proxy(kube_client, first)["status"]["phase"] == "Ready"
+        assert after > len(bulk) // 2, f"the first status waited behind newer ones: {after} written after it"
+    finally:
+        writer.close()

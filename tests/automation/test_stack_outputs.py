@@ -1,0 +1,41 @@
+"""The reconciler's store of each stack's last outputs (kept deflated, automation/stack_outputs.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from automation.stack_outputs import StackOutputs
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(st.dictionaries(st.text(), json_values, max_size=6))
+def test_what_is_put_is_what_is_read(outputs: dict[str, object]) -> None:
+    store = StackOutputs()
+    store.put("run-01", outputs)
+    assert store.get("run-01") == outputs
+    assert "run-01" in store
+
+
+def test_each_read_is_a_copy_of_its_own() -> None:
+    store = StackOutputs()
+    store.put("s", {"proxies": {"crawl/p1": {"port": 8001}}, "credentials": {"crawl/p1": {"password": "é"}}})
+    read = store.get("s")
+    read["proxies"]["crawl/p1"]["port"] = 1
+    assert store.get("s")["proxies"]["crawl/p1"]["port"] == 8001
+    assert store.get("s")["credentials"]["crawl/p1"]["password"] == "é"
+
+
+def test_an_unknown_or_removed_stack_has_no_outputs() -> None:
+    store = StackOutputs()
+    assert store.get("nope") == {}
+    store.put("s", {"specHash": "x"})
+    store.pop("s")
+    store.pop("s")
+    assert store.get("s") == {}
+    assert "s" not in store
