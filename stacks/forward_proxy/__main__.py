@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 from stacks.forward_proxy import control, http, shared_listener
+from stacks.forward_proxy import loop as proxy_loop
 from stacks.forward_proxy.channel import tcp_address
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.connection import Shared
@@ -82,7 +83,7 @@ def main(argv: list[str]) -> None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         sys.exit(f"cannot use {config_file}: {exc}")
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, config_file))
+        proxy_loop.run(serve(config, config_file))
 
 
 def entry() -> None:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from stacks.forward_proxy import control, http
+from stacks.forward_proxy import loop as proxy_loop
 from stacks.forward_proxy.config import ProxyConfig
 from stacks.forward_proxy.connection import Shared
 from stacks.forward_proxy.occupancy import PER_CONNECTION, RESERVE, Occupancy, raise_to_hard
@@ -187,4 +188,4 @@ async def run(control_path: str, *, descriptors: int) -> None:
 def main(control_path: str) -> None:
     descriptors = raise_to_hard()
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run(control_path, descriptors=descriptors))
+        proxy_loop.run(run(control_path, descriptors=descriptors))

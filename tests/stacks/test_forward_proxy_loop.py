@@ -1,0 +1,63 @@
+"""The forward proxy's process runs on uvloop where it is installed (it is here: uvicorn's loop), on
+asyncio's loop when PROXY_OPERATOR_PROXY_LOOP=asyncio asks, and relays the same either way."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from stacks.forward_proxy.loop import LOOP_ENV, loop_factory
+from tests.ports import free_port
+from tests.security.loopback_site import serve_page
+
+
+def _uvloop_loaded(pid: int) -> bool:
+    """Whether the process mapped uvloop's extension (its event loop)."""
+    return "uvloop/loop." in Path(f"/proc/{pid}/maps").read_text()
+
+
+@pytest.mark.parametrize("asked", ["uvloop", "asyncio"])
+def test_the_proxy_process_runs_on_the_loop_asked_for_and_relays(tmp_path: Path, asked: str) -> None:
+    port = free_port()
+    config = tmp_path / "proxy.json"
+    egress = {"allow": [{"cidr": "127.0.0.1/32"}]}
+    config.write_text(json.dumps({"bind": "127.0.0.1", "port": port, "protocol": "http", "egress": egress}))
+    env = {**os.environ, LOOP_ENV: asked}
+    proxy = subprocess.Popen([sys.executable, "-m", "stacks.forward_proxy", str(config)], env=env)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proxy.poll() is None, "the proxy exited"
+                assert time.monotonic() < deadline, "the proxy did not listen"
+                time.sleep(0.05)
+        assert _uvloop_loaded(proxy.pid) is (asked == "uvloop")
+        with (
+            serve_page(b"relayed") as site,
+            httpx.Client(proxy=f"http://127.0.0.1:{port}", timeout=10) as client,
+        ):
+            answer = client.get(f"http://127.0.0.1:{site}/")
+        assert (answer.status_code, answer.content) == (200, b"relayed")
+    finally:
+        proxy.terminate()
+        proxy.wait(10)
+
+
+def test_the_loop_factory_follows_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uvloop
+
+    monkeypatch.delenv(LOOP_ENV, raising=False)
+    assert loop_factory() is uvloop.new_event_loop
+    monkeypatch.setenv(LOOP_ENV, "asyncio")
+    assert loop_factory() is None
