@@ -36,8 +36,8 @@ class StackOutputs:
         return outputs
 
     def put(self, name: str, outputs: dict[str, Any]) -> None:
-        text = json.dumps(outputs, separators=(",", ":"), ensure_ascii=False)
-        self._packed[name] = zlib.compress(text.encode(), _LEVEL)
+        text = json.dumps(outputs, separators=(",", ":"))  # ASCII: a lone surrogate read from JSON encodes
+        self._packed[name] = zlib.compress(text.encode("ascii"), _LEVEL)
 
     def pop(self, name: str) -> None:
         self._packed.pop(name, None)

@@ -24,11 +24,14 @@ def test_what_is_put_is_what_is_read(outputs: dict[str, object]) -> None:
 
 def test_each_read_is_a_copy_of_its_own() -> None:
     store = StackOutputs()
-    store.put("s", {"proxies": {"crawl/p1": {"port": 8001}}, "credentials": {"crawl/p1": {"password": "é"}}})
+    password = "é\ud800"  # not ASCII, and a lone surrogate (JSON's `\ud800` decodes to one)
+    store.put(
+        "s", {"proxies": {"crawl/p1": {"port": 8001}}, "credentials": {"crawl/p1": {"password": password}}}
+    )
     read = store.get("s")
     read["proxies"]["crawl/p1"]["port"] = 1
     assert store.get("s")["proxies"]["crawl/p1"]["port"] == 8001
-    assert store.get("s")["credentials"]["crawl/p1"]["password"] == "é"
+    assert store.get("s")["credentials"]["crawl/p1"]["password"] == password
 
 
 def test_an_unknown_or_removed_stack_has_no_outputs() -> None:

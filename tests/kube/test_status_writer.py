@@ -258,15 +258,20 @@ def test_a_change_made_while_a_new_term_writes_the_fleet_goes_ahead_of_it(
             time.sleep(0.001)
         applied(board, changed)  # the change: its `up` started and finished
         assert writer.wait_idle(IDLE)
-        revisions = {
-            item["metadata"]["name"]: int(item["metadata"]["resourceVersion"])
-            for item in request_json(kube_client, "GET", changed.path().rsplit("/", 1)[0])["items"]
-        }
-        after = sum(1 for ref in bulk if revisions[ref.name] > revisions[changed.name])
+        after = written_after(kube_client, changed, bulk)
         assert read_proxy(kube_client, changed)["status"]["phase"] == "Ready"
         assert after > len(bulk) // 2, f"the change waited behind the bulk: only {after} written after it"
     finally:
         writer.close()
+
+
+def written_after(client: ApiClient, ref: ProxyRef, others: list[ProxyRef]) -> int:
+    """How many of `others` were last written after `ref` (etcd's revisions give the order of the writes)."""
+    revisions = {
+        item["metadata"]["name"]: int(item["metadata"]["resourceVersion"])
+        for item in request_json(client, "GET", ref.path().rsplit("/", 1)[0])["items"]
+    }
+    return sum(1 for other in others if revisions[other.name] > revisions[ref.name])
 
 
 def create_many(kube_api: Any, ns: str, count: int) -> list[ProxyRef]:
@@ -345,11 +350,7 @@ def test_a_status_marked_first_is_not_held_back_by_newer_marks(
         time.sleep(0.2)
         writer._start_thread()
         assert writer.wait_idle(IDLE)
-        revisions = {
-            item["metadata"]["name"]: int(item["metadata"]["resourceVersion"])
-            for item in request_json(kube_client, "GET", first.path().rsplit("/", 1)[0])["items"]
-        }
-        after = sum(1 for ref in bulk if revisions[ref.name] > revisions[first.name])
+        after = written_after(kube_client, first, bulk)
         assert read_proxy(kube_client, first)["status"]["phase"] == "Ready"
         assert after > len(bulk) // 2, f"the first status waited behind newer ones: {after} written after it"
     finally:
