@@ -140,7 +140,7 @@ class Engine:
             # stack of 500 shared proxies sends about 3,000 (over 100 MiB held at 10,000 proxies).
             events.keep = _drifted
             self._retry_lock(stack, lambda: stack.preview_refresh(on_event=events))
-            steps = steps_from_events(events.events, outcomes=True, proxy_of=events.proxy_for)
+            steps = steps_from_events(events.events, outcomes=True, parents=events.parents)
             return [step for step in steps if step.op not in UNCHANGING]
 
     def destroy(self, name: str) -> OperationResult | None:

@@ -36,11 +36,20 @@ class EventLogger:
     operation: str
     keep: bool | Callable[[ev.EngineEvent], bool] = False  # every event, or those the predicate takes
     events: list[ev.EngineEvent] = field(default_factory=list)
+    # urn -> its parent's, from every step seen (kept or not): where only some events are kept, their
+    # proxies are found through it once the operation ended (a refresh announces children and parents in
+    # any order, so the proxy cannot be known at each step)
+    parents: dict[str, str | None] = field(default_factory=dict)
     _proxy_of: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, event: ev.EngineEvent) -> None:
         if self.keep is True or (callable(self.keep) and self.keep(event)):
             self.events.append(event)
+        if self.keep is not True:
+            for step in (event.resource_pre_event, event.res_outputs_event):
+                if step is not None:
+                    state = step.metadata.new or step.metadata.old
+                    self.parents[step.metadata.urn] = state.parent if state is not None else None
         if event.resource_pre_event is not None:
             self._step(event.resource_pre_event.metadata)
         elif event.res_op_failed_event is not None:

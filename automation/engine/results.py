@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -57,24 +57,24 @@ def steps_from_events(
     events: list[ev.EngineEvent],
     *,
     outcomes: bool = False,
-    proxy_of: Callable[[str], str | None] | None = None,
+    parents: Mapping[str, str | None] | None = None,
 ) -> list[PreviewStep]:
     """Steps as announced before they run; with `outcomes`, as they turned out (a refresh step is
-    announced as `refresh` and ends as `same`, `update` or `delete`). `proxy_of` names each step's proxy
-    where `events` do not hold every parent (`EventLogger.proxy_for`)."""
+    announced as `refresh` and ends as `same`, `update` or `delete`). `parents` (urn -> its parent's,
+    `EventLogger.parents`) where `events` do not hold every step: each step's proxy is found through them."""
     if outcomes:
         metas = [e.res_outputs_event.metadata for e in events if e.res_outputs_event is not None]
     else:
         metas = [e.resource_pre_event.metadata for e in events if e.resource_pre_event is not None]
     # Parents first, in a second pass: a delete lists children before their parent component.
-    parents = {meta.urn: _parent(meta) for meta in metas}
+    parents = {**(parents or {}), **{meta.urn: _parent(meta) for meta in metas}}
     return [
         PreviewStep(
             op=_op_name(meta.op),
             urn=meta.urn,
             type=meta.type,
             name=urn_name(meta.urn),
-            proxy=proxy_of(meta.urn) if proxy_of is not None else _proxy_of(meta.urn, parents),
+            proxy=_proxy_of(meta.urn, parents),
             diffs=tuple(meta.diffs or meta.keys or ()),  # keys: what forces a replacement
         )
         for meta in metas
