@@ -130,8 +130,13 @@ def test_a_proxy_applied_to_the_cluster_serves_crawlers_through_the_service_pods
         def seen_healthy(pod: Any = replica) -> dict[str, Any] | None:
             with replica_api(service, pod) as direct:
                 answer = direct.get("/v1/proxies")
-            [item] = answer.json()["items"]
-            return dict(item) if item["health"]["state"] == "healthy" else None
+            items = answer.json()["items"]
+            assert len(items) <= 1, items
+            if not items:
+                return (
+                    None  # this replica has not listed it yet: a follower learns it from the watched status
+                )
+            return dict(items[0]) if items[0]["health"]["state"] == "healthy" else None
 
         # The follower reads the leader's conditions on its next poll (poll_seconds): a moment behind them.
         what = f"{replica.metadata.name} sees pod-1 healthy"
