@@ -74,7 +74,9 @@ class Reporter:
             if out is None or key in (missing or set()):
                 continue  # left out, or its resources are gone (drift reported): claim nothing
             held_back = key in (held or set()) or self.planner.held_version(key) is not None
-            new_here = self._applied_hash.get(key) != planned.spec_hash
+            # a held proxy keeps its old applied hash, so it would read as new after every `up`: its
+            # line is at DEBUG (the hold has a condition of its own)
+            new_here = not held_back and self._applied_hash.get(key) != planned.spec_hash
             if not held_back:
                 self._applied_hash[key] = planned.spec_hash
             self._provisioned(key, stack=plan.name, held=held_back)

@@ -36,16 +36,17 @@ class EventLogger:
     operation: str
     keep: bool | Callable[[ev.EngineEvent], bool] = False  # every event, or those the predicate takes
     events: list[ev.EngineEvent] = field(default_factory=list)
-    # urn -> its parent's, from every step seen (kept or not): where only some events are kept, their
-    # proxies are found through it once the operation ended (a refresh announces children and parents in
-    # any order, so the proxy cannot be known at each step)
+    # urn -> its parent's, from every step seen (kept or not), recorded only where a predicate keeps some
+    # events (a drift check): their proxies are found through it once the operation ended (a refresh
+    # announces children and parents in any order, so the proxy cannot be known at each step). An `up`
+    # or a `destroy` keeps none and records none.
     parents: dict[str, str | None] = field(default_factory=dict)
     _proxy_of: dict[str, str] = field(default_factory=dict)
 
     def __call__(self, event: ev.EngineEvent) -> None:
         if self.keep is True or (callable(self.keep) and self.keep(event)):
             self.events.append(event)
-        if self.keep is not True:
+        if callable(self.keep):
             for step in (event.resource_pre_event, event.res_outputs_event):
                 if step is not None:
                     state = step.metadata.new or step.metadata.old

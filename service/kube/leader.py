@@ -156,7 +156,7 @@ class LeaderElector:
 
     async def _hold(self, stop: asyncio.Event) -> str | None:
         """Lead while the renewer thread keeps the Lease: returns why it gave the lead up, or None when
-        `stop` was set. Stamps the loop's life each retry period for the thread."""
+        `stop` was set. Stamps the loop's life twice per retry period for the thread."""
         loop, lost, halt = asyncio.get_running_loop(), asyncio.Event(), threading.Event()
         self._loop_seen = time.monotonic()
         renewer = threading.Thread(
