@@ -171,6 +171,10 @@ class Reconciler:
         """The outputs of the stack's last successful `up` (empty before `load_stack`): a fresh copy."""
         return self._outputs.get(name)
 
+    def output_names(self, name: str) -> tuple[str, ...]:
+        """The names of the stack's last outputs, sorted (empty before `load_stack`)."""
+        return self._outputs.names(name)
+
     def last_update(self, name: str) -> LastUpdate | None:
         """How the stack's last `up` or `destroy` went (None before the first since this process started)."""
         return self.updates.get(name)

@@ -71,6 +71,18 @@ class MemoryHoldings:
                 mine[proxy] = max(mine.get(proxy, 0.0), end)
         return mine
 
+    def held_keys(self, client: str, *, target: str, pool: Collection[str], now: float) -> set[str]:
+        """The proxies `held` would return, without when each stops being held: a lease costs what its
+        client's distinct proxies cost, not what all its leases do (a client leasing 500/s with 60 s leases
+        has 30,000; `held` walked them all on every request, half the service's CPU in the
+        10,000-running-proxies bench)."""
+        self._expire(client, now=now)
+        mine = self._per_proxy.get(client, {}).keys() & pool
+        for proxy, end in self._banned.get((client, target), {}).items():
+            if end > now and proxy in pool:
+                mine.add(proxy)
+        return mine
+
     def most_held(self, client: str, *, target: str, now: float) -> int:
         """At least as many as `held` would return for any pool (every proxy with a lease, every ban for
         `target`, running or not): a client this far under its limit cannot reach it with one request."""

@@ -109,7 +109,7 @@ class MemoryStore:
             if fits < 1:
                 return Acquired(leases=[], earliest=None, limited=Limited("lease_rate", next_at))
             count = min(count, fits)
-        mine: dict[str, float] = {}
+        mine: Collection[str] = ()
         room: int | None = None  # distinct proxies the client may still add; None: no limit applies
         full = False
         if (
@@ -117,12 +117,14 @@ class MemoryStore:
             and share.holding is not None
             and not self._far_under(request, share, count, now)
         ):
-            mine = self._holdings.held(request.client, target=request.target, pool=share.pool, now=now)
+            mine = self._holdings.held_keys(request.client, target=request.target, pool=share.pool, now=now)
             room = share.holding - len(mine)
             if room <= 0:  # its share is taken: only the proxies it holds (for other targets) may come again
-                candidates, room, full = [key for key in mine if key in candidates], None, True
-        walk = len(candidates) * 8 >= len(self._lru) and candidates is request.candidates
-        resume = self._resumable(pair, candidates, now) if walk and not ignore_cooldown else None
+                # (a set: a client holding its whole pool walks the LRU as any big set does)
+                candidates, room, full = {key for key in mine if key in candidates}, None, True
+        walk = len(candidates) * 8 >= len(self._lru) and (candidates is request.candidates or full)
+        # a remembered run is for the request's own candidates: the held ones change with every hand-out
+        resume = self._resumable(pair, candidates, now) if walk and not (ignore_cooldown or full) else None
         run_end, run_until = (resume.position, resume.until) if resume else (-1, INFINITY)
         earliest = run_until if run_until < INFINITY else None
         picked: list[str] = []
@@ -144,12 +146,15 @@ class MemoryStore:
                     earliest = at
             if not picked:
                 run_end, run_until, skipped = position, min(run_until, at), skipped + 1
-        if skipped >= RESUME_AFTER and walk and not ignore_cooldown:
+        if skipped >= RESUME_AFTER and walk and not (ignore_cooldown or full):
             self._remember(pair, candidates, position=run_end, until=run_until)
         leases = self._hand_out(request, picked, held=held, now=now)
         limited = None
         if not leases and full and len(candidates) < len(request.candidates):  # the share kept others away
-            until = min(mine.values())
+            # when it holds each (every lease's end): counted only for the answer that it must wait
+            assert share is not None
+            ends = self._holdings.held(request.client, target=request.target, pool=share.pool, now=now)
+            until = min(ends.values())
             limited = Limited("lease_share", min(until, earliest) if earliest is not None else until)
         return Acquired(leases=leases, earliest=earliest, limited=limited)
 

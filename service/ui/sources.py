@@ -61,7 +61,6 @@ def _own_stack_rows(control: Control, *, owner: str) -> list[StackRow]:
         return []
     found = []
     for name, state in sorted(loop.queue.states().items()):
-        outputs = loop.reconciler.applied_outputs(name)
         error = state.last_error
         row = StackRow(
             name=name,
@@ -72,7 +71,7 @@ def _own_stack_rows(control: Control, *, owner: str) -> list[StackRow]:
             reason=state.reason,
             error=str(error) if error else None,
             next_retry_at=_wall(state.next_retry_at),  # whole seconds: a summary unchanged between polls
-            outputs=tuple(sorted(outputs)),
+            outputs=loop.reconciler.output_names(name),
             lock=lock_of(state),
         )
         found.append(with_last_update(row, loop.reconciler.last_update(name)))

@@ -19,6 +19,7 @@ def test_what_is_put_is_what_is_read(outputs: dict[str, object]) -> None:
     store = StackOutputs()
     store.put("run-01", outputs)
     assert store.get("run-01") == outputs
+    assert store.names("run-01") == tuple(sorted(outputs))
     assert "run-01" in store
 
 
@@ -38,7 +39,9 @@ def test_an_unknown_or_removed_stack_has_no_outputs() -> None:
     store = StackOutputs()
     assert store.get("nope") == {}
     store.put("s", {"specHash": "x"})
+    assert store.names("s") == ("specHash",)
     store.pop("s")
     store.pop("s")
     assert store.get("s") == {}
+    assert store.names("s") == ()
     assert "s" not in store

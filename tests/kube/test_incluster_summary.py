@@ -120,6 +120,7 @@ def test_a_followers_page_shows_the_leaders_held_deletion_stacks_and_summary(fle
             assert "From the leader" in stacks, stacks
             assert ">local<" in stacks, stacks
             assert 'up <span class="ok">succeeded</span>' in stacks, stacks  # the leader's last update
+            assert "appliedProxies, credentials" in stacks, stacks  # the output names, sorted
             assert b.mode.summary.writes == 0, "a follower wrote the leader's summary"
             published = summary(fleet)
             assert published is not None

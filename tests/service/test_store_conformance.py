@@ -313,6 +313,33 @@ def test_a_client_holds_at_most_its_share_of_the_pool(run: Callable[[Scenario], 
     run(scenario)
 
 
+def test_a_client_holding_its_whole_pool_gets_its_proxies_least_recently_used_first(
+    run: Callable[[Scenario], None],
+) -> None:
+    """A client at its share leases only what it holds, least recently used first: in the memory store the
+    held proxies of a big pool are walked in the LRU, not sorted (issue 20), and when each is held is
+    counted only for the 429."""
+    pool = tuple(f"p{i:03d}" for i in range(64))
+
+    async def scenario(s: Stores) -> None:
+        first = await s.store.acquire(shared(*pool, tag="1", count=64, holding=64), now=NOW)
+        assert _proxies(first) == list(pool)
+        got = []
+        for n, target in enumerate(("t1", "t2", "t3")):
+            asked = shared(*pool, tag=f"2{n}", count=2, holding=64, target=target)
+            got.append(_proxies(await s.store.acquire(asked, now=NOW + 1 + n)))
+        assert got == [["p000", "p001"], ["p002", "p003"], ["p004", "p005"]]
+        # p010 released: it no longer counts in the share, but cools down for example.com; the rest of
+        # p008-p015 are held for it, by leases until NOW + 60, and the share (4) is taken
+        assert await s.store.release(first.leases[10].lease_id, now=NOW + 5, cooldown=10) is not None
+        part = pool[8:16]
+        done = await s.store.acquire(shared(*part, tag="3", holding=4, pool=part), now=NOW + 6)
+        assert done.leases == []
+        assert done.limited == Limited("lease_share", pytest.approx(NOW + 60))
+
+    run(scenario)
+
+
 def test_a_sticky_request_counts_in_the_share_of_its_pool(run: Callable[[Scenario], None]) -> None:
     async def scenario(s: Stores) -> None:
         pool = ("a", "b", "c", "d")
