@@ -111,6 +111,12 @@ class OperatorSettings(BaseSettings):
         ge=0,
         description="Free C heap pages go back to the system this often (glibc's malloc_trim); 0: off.",
     )
+    gc_settle_seconds: float = Field(
+        300.0,
+        ge=0,
+        description="Every this often, one full garbage collection, then what survived is frozen out of "
+        "later collections (service/gc_tuning.py); 0: CPython's collector as it comes.",
+    )
     access_log: Literal["all", "api", "off"] = Field(
         "api",
         description="Which requests get an access-log line: all; api (all but the probes' /v1/echo and "

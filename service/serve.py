@@ -21,7 +21,7 @@ import uvicorn
 from prometheus_client import CollectorRegistry
 
 from automation.inspect import StackInspector
-from service import api_server, ui
+from service import api_server, gc_tuning, ui
 from service.api import create_app
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.config import OperatorSettings, secret_file
@@ -70,6 +70,7 @@ class Service:
     prober: Supervised  # the health engine's run, restarted if it ever fails
     lag: LoopLag | None = None  # the event loop's lag on /metrics (service/loop_lag.py)
     trim_seconds: float = 0.0  # free C heap pages given back this often (service/memory.py); 0: never
+    gc_seconds: float = 0.0  # settled objects frozen out of the collector this often (gc_tuning.py); 0: never
 
     @property
     def port(self) -> int:
@@ -217,6 +218,7 @@ def _assemble(
         prober=prober,
         lag=LoopLag(registry),
         trim_seconds=settings.malloc_trim_seconds,
+        gc_seconds=settings.gc_settle_seconds,
     )
 
 
@@ -249,6 +251,8 @@ async def serve(service: Service) -> None:
     )
     lag = asyncio.create_task(service.lag.run() if service.lag else stop.wait(), name="loop-lag")
     trim = asyncio.create_task(trim_periodically(service.trim_seconds), name="malloc-trim")
+    gc_tuning.tune(service.gc_seconds)
+    settle = asyncio.create_task(gc_tuning.settle_periodically(service.gc_seconds), name="gc-settle")
     try:
         log.info("API served by uvicorn on %s", api_server.describe(service.server.config))
         await service.server.serve(sockets=[service.listener])
@@ -258,7 +262,8 @@ async def serve(service: Service) -> None:
         prober.cancel()
         lag.cancel()
         trim.cancel()
-        await asyncio.gather(prober, lag, trim, return_exceptions=True)
+        settle.cancel()
+        await asyncio.gather(prober, lag, trim, settle, return_exceptions=True)
         await control
         await service.controller.close()
         log.info("stopped cleanly")

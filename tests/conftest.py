@@ -12,6 +12,11 @@ import pytest
 
 from tests.kube_tools_build import SETTLE_SECONDS, SHARE_ENV, BackgroundBuild, needs, run_last, share
 
+# A service the tests run in this process would freeze pytest's own objects out of the garbage collector
+# (service/gc_tuning.py) for the rest of the session; tests/service/test_gc_tuning.py turns it on where it
+# is what is tested, each in a process of its own. Services the tests start as processes inherit this.
+os.environ.setdefault("PROXY_OPERATOR_GC_SETTLE_SECONDS", "0")
+
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS_BIN = ROOT / ".tools" / "bin"
 
