@@ -57,6 +57,10 @@ class MemoryHoldings:
         # (client, target) -> proxy -> end of the penalty the client's report set for that target
         self._banned: dict[tuple[str, str], dict[str, float]] = {}
         self._tat: dict[str, float] = {}
+        # client -> (the last pool it asked about, how many of the proxies it leases are in it): a request
+        # counts its holdings without a pass over them (pools are the Candidates' frozensets, one object per
+        # filter while the inventory stands), and each lease that starts or ends keeps the count
+        self._in_pool: dict[str, tuple[Collection[str], int]] = {}
 
     def held(self, client: str, *, target: str, pool: Collection[str], now: float) -> dict[str, float]:
         """The proxies of `pool` the client holds now for a request for `target` (a lease, for any target, or
@@ -83,6 +87,33 @@ class MemoryHoldings:
                 mine.add(proxy)
         return mine
 
+    def held_count(self, client: str, *, target: str, pool: Collection[str], now: float) -> int:
+        """`len(held_keys(...))`, without a pass over the client's proxies when it asked about this pool
+        before (at 10,000 proxies a client holding them all paid a millisecond a lease for the set)."""
+        self._expire(client, now=now)
+        counts = self._per_proxy.get(client, {})
+        cached = self._in_pool.get(client)
+        if cached is None or cached[0] is not pool:
+            cached = (pool, len(counts.keys() & pool) if counts else 0)
+            self._in_pool[client] = cached
+        held = cached[1]
+        for proxy, end in self._banned.get((client, target), {}).items():
+            if end > now and proxy in pool and proxy not in counts:
+                held += 1
+        return held
+
+    def holds(self, client: str, *, target: str, proxy: str, now: float) -> bool:
+        """Whether `held` lists `proxy`, the pool aside (after `held_count`, which expired what ended)."""
+        if proxy in self._per_proxy.get(client, ()):
+            return True
+        return self._banned.get((client, target), {}).get(proxy, 0.0) > now
+
+    def _counted(self, client: str, proxy: str, change: int) -> None:
+        """A proxy the client leases started (+1) or stopped (-1) being one: the cached count follows."""
+        cached = self._in_pool.get(client)
+        if cached is not None and proxy in cached[0]:
+            self._in_pool[client] = (cached[0], cached[1] + change)
+
     def most_held(self, client: str, *, target: str, now: float) -> int:
         """At least as many as `held` would return for any pool (every proxy with a lease, every ban for
         `target`, running or not): a client this far under its limit cannot reach it with one request."""
@@ -104,7 +135,10 @@ class MemoryHoldings:
     def took(self, client: str, lease_id: str, *, proxy: str, end: float, tat: float | None) -> None:
         self._active.setdefault(client, {})[lease_id] = (proxy, end)
         counts = self._per_proxy.setdefault(client, {})
-        counts[proxy] = counts.get(proxy, 0) + 1
+        before = counts.get(proxy, 0)
+        counts[proxy] = before + 1
+        if not before:
+            self._counted(client, proxy, +1)
         heapq.heappush(self._ends.setdefault(client, []), (end, lease_id))
         if tat is not None:
             self._tat[client] = tat
@@ -144,5 +178,7 @@ class MemoryHoldings:
                     counts[entry[0]] = left
                 else:
                     del counts[entry[0]]
+                    self._counted(client, entry[0], -1)
         if not leases:
             del self._active[client], self._per_proxy[client], self._ends[client]
+            self._in_pool.pop(client, None)

@@ -109,20 +109,27 @@ class MemoryStore:
             if fits < 1:
                 return Acquired(leases=[], earliest=None, limited=Limited("lease_rate", next_at))
             count = min(count, fits)
-        mine: Collection[str] = ()
+        holdings, client, target = self._holdings, request.client, request.target
+        pool: Collection[str] = ()  # the share's pool, where a limit applies
         room: int | None = None  # distinct proxies the client may still add; None: no limit applies
-        full = False
+        full = False  # its share is taken: only the proxies it holds (for other targets) may come again
+        only_held = False  # full, and the held ones are many: the walk skips the others
         if (
             share is not None
             and share.holding is not None
             and not self._far_under(request, share, count, now)
         ):
-            mine = self._holdings.held_keys(request.client, target=request.target, pool=share.pool, now=now)
-            room = share.holding - len(mine)
-            if room <= 0:  # its share is taken: only the proxies it holds (for other targets) may come again
-                # (a set: a client holding its whole pool walks the LRU as any big set does)
-                candidates, room, full = {key for key in mine if key in candidates}, None, True
-        walk = len(candidates) * 8 >= len(self._lru) and (candidates is request.candidates or full)
+            pool = share.pool
+            held_now = holdings.held_count(client, target=target, pool=pool, now=now)
+            room = share.holding - held_now
+            if room <= 0:
+                room, full = None, True
+                if held_now * 8 < len(self._lru):  # few: sort them (a walk would pass the others first)
+                    mine = holdings.held_keys(client, target=target, pool=pool, now=now)
+                    candidates = mine.intersection(candidates)
+                else:  # a client holding its whole pool walks the LRU as any big set does
+                    only_held = True
+        walk = len(candidates) * 8 >= len(self._lru) and candidates is request.candidates
         # a remembered run is for the request's own candidates: the held ones change with every hand-out
         resume = self._resumable(pair, candidates, now) if walk and not (ignore_cooldown or full) else None
         run_end, run_until = (resume.position, resume.until) if resume else (-1, INFINITY)
@@ -131,13 +138,17 @@ class MemoryStore:
         skipped = 0  # the ineligible run at the front, as far as this walk saw it
         for position, key in self._order(candidates, walk=walk, start=run_end + 1):
             at = INFINITY  # not a candidate: ineligible for as long as the candidates are these
-            if key in candidates:
+            if key in candidates and (
+                not only_held or (key in pool and holdings.holds(client, target=target, proxy=key, now=now))
+            ):
                 at = penalised.get(key, NO_PENALTY)[0]
                 if not ignore_cooldown:
                     at = max(at, held.get(key, 0.0))
                 if at <= now:
                     picked.append(key)
-                    if room is not None and key not in mine:
+                    if room is not None and not (
+                        key in pool and holdings.holds(client, target=target, proxy=key, now=now)
+                    ):
                         room -= 1
                     if len(picked) == count or room == 0:
                         break
@@ -150,13 +161,30 @@ class MemoryStore:
             self._remember(pair, candidates, position=run_end, until=run_until)
         leases = self._hand_out(request, picked, held=held, now=now)
         limited = None
-        if not leases and full and len(candidates) < len(request.candidates):  # the share kept others away
+        if not leases and full and self._kept_away(request, candidates, pool, only_held=only_held, now=now):
             # when it holds each (every lease's end): counted only for the answer that it must wait
-            assert share is not None
-            ends = self._holdings.held(request.client, target=request.target, pool=share.pool, now=now)
+            ends = holdings.held(client, target=target, pool=pool, now=now)
             until = min(ends.values())
             limited = Limited("lease_share", min(until, earliest) if earliest is not None else until)
         return Acquired(leases=leases, earliest=earliest, limited=limited)
+
+    def _kept_away(
+        self,
+        request: AcquireRequest,
+        candidates: Collection[str],
+        pool: Collection[str],
+        *,
+        only_held: bool,
+        now: float,
+    ) -> bool:
+        """Did the share keep some candidate away (one the client does not hold)? Then a 429, not a 503."""
+        if not only_held:
+            return len(candidates) < len(request.candidates)
+        client, target = request.client, request.target
+        return any(
+            not (key in pool and self._holdings.holds(client, target=target, proxy=key, now=now))
+            for key in request.candidates
+        )
 
     def _far_under(self, request: AcquireRequest, share: FairShare, count: int, now: float) -> bool:
         """Can this request not reach the client's holding limit, however it goes? Then no limit applies to

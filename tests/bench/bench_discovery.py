@@ -13,6 +13,8 @@ The prober's benchmark is `bench_probes.py` (it starts this file's echo server: 
 
 Settings: BENCH_RUNS (5), BENCH_SECONDS (5) per measurement after a 1 s warm-up; BENCH_BANNED (500) and
 BENCH_SESSIONS (10 of the 100 targets) set the mix (0 and 0: the plain lease loop of issue 9's first figures).
+Every server, bare included, runs with the garbage collector as `serve` sets it (service/gc_tuning.py);
+PROXY_OPERATOR_GC_SETTLE_SECONDS=0 leaves CPython's as it comes.
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ def serve(kind: str, port: int, redis_url: str | None, prefix: str) -> None:
     if SERVER == "asyncio":
         options.update(loop="asyncio", http="h11")
     config = server_config(_app(kind, redis_url, prefix), host="127.0.0.1", port=port, **options)
+    if os.environ.get("PROXY_OPERATOR_GC_SETTLE_SECONDS") != "0":
+        # what `serve` does once its parts are built (service/gc_tuning.py), for every kind, bare included:
+        # the same setup; PROXY_OPERATOR_GC_SETTLE_SECONDS=0 measures CPython's collector as it comes
+        from service import gc_tuning
+
+        gc_tuning.tune()
     uvicorn.Server(config).run()
 
 

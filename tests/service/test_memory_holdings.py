@@ -1,5 +1,6 @@
-"""service/discovery/fair_share.py MemoryHoldings: `held_keys` (what a lease request counts) is always the
-key set of `held` (what a 429's Retry-After counts), whatever the leases, releases, renewals and bans."""
+"""service/discovery/fair_share.py MemoryHoldings: what a lease request counts (`held_count`, kept counted
+per pool as leases start and end; `holds`; `held_keys`) always agrees with `held` (what a 429's Retry-After
+counts, from every lease), whatever the leases, releases, renewals, bans and pools asked about."""
 
 from __future__ import annotations
 
@@ -22,11 +23,11 @@ step = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(
     steps=st.lists(step, max_size=40),
-    pool=st.sets(st.sampled_from(PROXIES), min_size=1),
+    pools=st.lists(st.frozensets(st.sampled_from(PROXIES), min_size=1), min_size=1, max_size=3),
     target=st.sampled_from(TARGETS),
 )
-def test_held_keys_are_the_keys_of_held(
-    steps: list[tuple[str, object, float]], pool: set[str], target: str
+def test_what_a_request_counts_is_what_held_lists(
+    steps: list[tuple[str, object, float]], pools: list[frozenset[str]], target: str
 ) -> None:
     holdings, now, issued = MemoryHoldings(), 0.0, 0
     for kind, what, value in steps:
@@ -39,5 +40,8 @@ def test_held_keys_are_the_keys_of_held(
             holdings.banned("c", target=target, proxy=str(what), until=now + value)
         else:
             now += value
-        keys = holdings.held_keys("c", target=target, pool=pool, now=now)
-        assert keys == set(holdings.held("c", target=target, pool=pool, now=now))
+        pool = pools[len(str(what)) % len(pools)]  # the pool asked about changes now and then
+        listed = set(holdings.held("c", target=target, pool=pool, now=now))
+        assert holdings.held_count("c", target=target, pool=pool, now=now) == len(listed)
+        assert holdings.held_keys("c", target=target, pool=pool, now=now) == listed
+        assert {p for p in pool if holdings.holds("c", target=target, proxy=p, now=now)} == listed
