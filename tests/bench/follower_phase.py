@@ -142,27 +142,34 @@ def measure(
 # --- a paced lease load ------------------------------------------------------------------------------------
 
 
-def paced_leases(port: int, token: str, *, rate: float = LEASE_RATE) -> LoadFn:
+def paced_leases(
+    port: int, token: str, *, rate: float = LEASE_RATE, connections: int = CONNECTIONS
+) -> LoadFn:
+    """Leases due at `rate` a second, over `connections` keep-alive connections (each sends its next lease
+    when it is due and the last was answered: fewer connections bound the rate by the answers' latency)."""
+
     def run(seconds: float) -> tuple[list[float], int]:
-        return asyncio.run(_paced(port, token, rate=rate, seconds=seconds))
+        return asyncio.run(_paced(port, token, rate=rate, seconds=seconds, connections=connections))
 
     return run
 
 
-async def _paced(port: int, token: str, *, rate: float, seconds: float) -> tuple[list[float], int]:
+async def _paced(
+    port: int, token: str, *, rate: float, seconds: float, connections: int
+) -> tuple[list[float], int]:
     latencies: list[float] = []
     failed = [0]
     start = time.perf_counter() + 0.05
-    every = CONNECTIONS / rate
-    count = int(seconds * rate / CONNECTIONS)
+    every = connections / rate
+    count = int(seconds * rate / connections)
 
     async def connection(n: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         try:
             for i in range(count):
-                due = start + (i + n / CONNECTIONS) * every
+                due = start + (i + n / connections) * every
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                writer.write(_request(TARGETS[(i * CONNECTIONS + n) % len(TARGETS)], token))
+                writer.write(_request(TARGETS[(i * connections + n) % len(TARGETS)], token))
                 head = await reader.readuntil(b"\r\n\r\n")
                 length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
                 await reader.readexactly(length)
@@ -172,7 +179,7 @@ async def _paced(port: int, token: str, *, rate: float, seconds: float) -> tuple
         finally:
             writer.close()
 
-    await asyncio.gather(*(connection(n) for n in range(CONNECTIONS)))
+    await asyncio.gather(*(connection(n) for n in range(connections)))
     return latencies, failed[0]
 
 
