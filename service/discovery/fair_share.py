@@ -161,6 +161,9 @@ class MemoryHoldings:
                 del self._banned[pair]
         for client in [c for c, tat in self._tat.items() if tat <= now]:
             del self._tat[client]
+        # each count pins the pool it was taken for; pools change with the inventory, and an idle client's
+        # would stay: counted again by the next request instead (one pass over its proxies a minute)
+        self._in_pool.clear()
 
     def _expire(self, client: str, *, now: float) -> None:
         """Drop the client's leases that ended by `now` (each has an entry at its current end in the heap)."""

@@ -17,6 +17,7 @@ step = st.one_of(
     st.tuples(st.just("moved"), st.integers(0, 30), st.floats(0, 50)),
     st.tuples(st.just("banned"), st.sampled_from(PROXIES), st.floats(0, 50)),
     st.tuples(st.just("tick"), st.just(""), st.floats(0, 5)),
+    st.tuples(st.just("sweep"), st.just(""), st.just(0.0)),
 )
 
 
@@ -38,6 +39,8 @@ def test_what_a_request_counts_is_what_held_lists(
             holdings.moved("c", f"l{int(str(what)) % issued}", end=now + value / 10)
         elif kind == "banned":
             holdings.banned("c", target=target, proxy=str(what), until=now + value)
+        elif kind == "sweep":
+            holdings.sweep(now=now)
         else:
             now += value
         pool = pools[len(str(what)) % len(pools)]  # the pool asked about changes now and then
