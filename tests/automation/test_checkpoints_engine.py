@@ -37,7 +37,7 @@ KILL_AFTER = 8  # ports served when the up is killed (of COUNT)
 
 class Bulk:
     def __init__(self, root: Path, env: PulumiEnv, origin: int) -> None:
-        self.root, self.origin = root, origin
+        self.root, self.origin, self.backend_url = root, origin, env.backend_url
         self.manifests, self.state, self.local = root / "manifests", root / "state", root / "local"
         self.manifests.mkdir()
         self.env = {
@@ -109,6 +109,23 @@ class Bulk:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
+    def stop_orphaned_plugins(self) -> None:
+        """The language host and the dynamic provider of the SIGKILLed `up` outlive its CLI (they are not in
+        its process group, and nothing ends them when it dies: an open gap of the engine, noted in issue
+        20's closing note of 2026-12-05). Stopped here, so that the test leaves no process behind: every
+        process still holding this test's backend (a folder of its own) once the test is over."""
+        marker = f"PULUMI_BACKEND_URL={self.backend_url}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except OSError:  # ended, or not ours to read
+                continue
+            if marker in environ:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(entry.name), signal.SIGKILL)
+
 
 @pytest.fixture
 def bulk(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Bulk]:
@@ -118,6 +135,7 @@ def bulk(pulumi_env: PulumiEnv, tmp_path: Path) -> Iterator[Bulk]:
             yield made
         finally:
             made.stop_listener()
+            made.stop_orphaned_plugins()
 
 
 def test_an_up_killed_half_way_saved_nothing_and_the_next_takes_every_served_port_back(bulk: Bulk) -> None:
