@@ -26,22 +26,31 @@ up_to_date() {
   [ "$("$bin/pulumi" version 2>/dev/null)" = "v$version" ]
 }
 
-# The checkout's launcher of the package's language host (not over the official bundle's Go host). Rewritten
-# when it differs, so a .tools/ made before the host moved into the package is mended without a rebuild.
-langhost_launcher() {
-  local target="$bin/pulumi-language-python" want
-  [ -e "$target" ] && [ "$(head -c2 "$target")" != "#!" ] && return 0
+# The checkout's launchers of the package's plugins: the language host (not over the official bundle's Go
+# host) and the dynamic provider (over the SDK's shell launcher, which runs Python as the child of a waiting
+# shell: a SIGKILLed CLI left both running; ours execs, and the plugin dies with the CLI). Rewritten when
+# they differ, so a .tools/ made before a launcher moved into the package is mended without a rebuild.
+write_launcher() {
+  local name="$1" module="$2" flags="$3" target="$bin/$1" want
   want="#!/bin/sh
-# Python language host for Pulumi v$version, shipped in the package: see automation/engine/langhost.py.
-exec \"\${PULUMI_PYTHON_CMD:-$root/.venv/bin/python}\" -m automation.engine.langhost \"\$@\""
+# $name for Pulumi v$version, shipped in the package: see ${module//.//}.py.
+exec \"\${PULUMI_PYTHON_CMD:-$root/.venv/bin/python}\" $flags-m $module \"\$@\""
   [ "$(cat "$target" 2>/dev/null)" = "$want" ] && return 0
   mkdir -p "$bin"
   printf '%s\n' "$want" > "$target"
   chmod 0755 "$target"
-  say "installed pulumi-language-python (launcher of automation.engine.langhost)"
+  say "installed $name (launcher of $module)"
 }
 
-[ -x "$bin/pulumi" ] && langhost_launcher
+package_launchers() {
+  # The official bundle's Go language host stays when it is there (not a script).
+  if ! [ -e "$bin/pulumi-language-python" ] || [ "$(head -c2 "$bin/pulumi-language-python")" = "#!" ]; then
+    write_launcher pulumi-language-python automation.engine.langhost ""
+  fi
+  write_launcher pulumi-resource-pulumi-python automation.dynamic_provider "-u "
+}
+
+[ -x "$bin/pulumi" ] && package_launchers
 if up_to_date; then
   say "pulumi v$version and its Python launchers are in place ($bin); nothing to do"
   exit 0
@@ -78,14 +87,14 @@ install_launchers() {
   # The release bundle's small launchers: copy them from the SDK module the CLI build just downloaded.
   local sdk
   sdk="$(cd "$wrapper" && go list -m -f '{{.Dir}}' github.com/pulumi/pulumi/sdk/v3)"
-  [ -f "$sdk/python/dist/pulumi-resource-pulumi-python" ] || die "no python/dist launchers in $sdk"
-  install -m 0755 "$sdk/python/dist/pulumi-resource-pulumi-python" "$bin/"
+  [ -d "$sdk/python/dist" ] || die "no python/dist launchers in $sdk"
   install -m 0755 "$sdk/python/dist/pulumi-analyzer-policy-python" "$bin/" 2>/dev/null || true
-  say "installed pulumi-resource-pulumi-python"
-  langhost_launcher
+  package_launchers
 }
 
-if ! install_release; then
+if install_release; then
+  package_launchers
+else
   build_cli
   install_launchers
 fi

@@ -12,6 +12,7 @@ project's `main` into the program function. Differences from the Go host, on pur
 - `GetRequiredPackages` reports nothing: provider plugins are loaded when a resource first needs them, so a
   stack of `local` proxies never asks for the kubernetes or gcp plugins (which cannot be downloaded here).
 - Dependencies are the interpreter's own environment: `InstallDependencies` only says so.
+- It dies with the CLI that started it (`automation.parent_watch`), even when the CLI is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import grpc
 from pulumi.automation._server import LanguageServer
 from pulumi.runtime import settings
 from pulumi.runtime.proto import language_pb2, language_pb2_grpc, plugin_pb2
+
+from automation.parent_watch import exit_with_parent
 
 _VERSION = importlib.metadata.version("pulumi")
 _MAX_MESSAGE = 400 * 1024 * 1024  # the engine sends whole configs and receives big registrations
@@ -117,6 +120,7 @@ class ProjectLanguageHost(LanguageServer):
 
 
 def serve(argv: list[str]) -> int:
+    exit_with_parent()  # a SIGKILLed CLI does not stop its plugins: a program must not run on without it
     positional = [arg for arg in argv if not arg.startswith("-")]
     engine_address = positional[-1] if positional else ""
     server = grpc.server(

@@ -1,6 +1,7 @@
 """`checkpoints: end` (a shared `local` entry's state saved once, when the `up` ends) through the product's
 own `proxy-operator up` and the real engine: an `up` SIGKILLed half-way (the service's process group, the CLI,
-its language host and the dynamic provider all at once, as on a lost node) saved nothing of what it made,
+then its language host and dynamic provider, which die with the CLI, as on a lost node) saved nothing of
+what it made, left no plugin running,
 and the next `up` takes back every port the listener already serves instead of serving a proxy twice:
 the same listener, each proxy on its own port once, its credentials the ones the state now holds."""
 
@@ -109,22 +110,30 @@ class Bulk:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    def stop_orphaned_plugins(self) -> None:
-        """The language host and the dynamic provider of the SIGKILLed `up` outlive its CLI (they are not in
-        its process group, and nothing ends them when it dies: an open gap of the engine, noted in issue
-        20's closing note of 2026-12-05). Stopped here, so that the test leaves no process behind: every
-        process still holding this test's backend (a folder of its own) once the test is over."""
+    def plugins_left(self) -> dict[int, str]:
+        """The processes of this test's Pulumi calls still running (each holds the test's backend, a folder of
+        its own, in its environment), the proxies' listener aside: pid -> command line."""
         marker = f"PULUMI_BACKEND_URL={self.backend_url}".encode()
+        listeners = str(self.local).encode()
+        left = {}
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 environ = (entry / "environ").read_bytes().split(b"\0")
+                command = (entry / "cmdline").read_bytes()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:  # ended, or not ours to read
                 continue
-            if marker in environ:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(int(entry.name), signal.SIGKILL)
+            if marker in environ and listeners not in command and state != "Z":
+                left[int(entry.name)] = command.replace(b"\0", b" ").decode(errors="replace")
+        return left
+
+    def stop_orphaned_plugins(self) -> None:
+        """Stops what `plugins_left` finds, so that a failed test leaves no process behind."""
+        for pid in self.plugins_left():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture
@@ -142,6 +151,12 @@ def test_an_up_killed_half_way_saved_nothing_and_the_next_takes_every_served_por
     bulk.declare("end")
     served = bulk.kill_half_way()
     assert KILL_AFTER <= served < COUNT, f"killed with {served} of {COUNT} served: not half-way"
+    # The language host and the dynamic provider are not in the killed process group: they end because
+    # their parent, the CLI, did (automation.parent_watch), so no Create can finish after the kill.
+    deadline = time.monotonic() + 20
+    while (left := bulk.plugins_left()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"plugins outlived the SIGKILLed CLI: {left}"
     listener = bulk.listener()
     assert bulk.in_state() == [], "checkpoints: end saved a step before the up ended"
 
