@@ -17,7 +17,8 @@ web servers):
 - **A young generation of `YOUNG` allocations** instead of 700: each collection of it costs about what it
   finds, and seldom promoted objects reach the old generations less often.
 
-`every` = 0 leaves the collector as CPython sets it.
+`every` = 0 leaves the collector as CPython sets it. Each settle's pause and the objects it froze are on
+/metrics (`SettleMetrics`): `proxy_operator_gc_settle_seconds` and `proxy_operator_gc_frozen_objects`.
 """
 
 from __future__ import annotations
@@ -26,12 +27,40 @@ import asyncio
 import gc
 import logging
 import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 
 log = logging.getLogger(__name__)
 
 EVERY = 300.0  # seconds between two settles (the first after `FIRST`); 0 turns the tuning off
 FIRST = 60.0  # the first settle after start: the first pass's objects (a leader's intake) are in by then
 YOUNG = 10_000  # the young generation's threshold (CPython's: 700); the older two stay at theirs
+
+
+OnSettle = Callable[[int, float], None]  # (objects frozen, seconds the settle held the interpreter)
+
+
+class SettleMetrics:
+    """The settles on /metrics: each one's pause (a full collection holds the event loop) and what it froze."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.seconds = Histogram(
+            "proxy_operator_gc_settle_seconds",
+            "How long each settle of the garbage collector (a full collection, then gc.freeze) held the "
+            "interpreter; one at start and one every gc_settle_seconds.",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=registry,
+        )
+        self.frozen = Gauge(
+            "proxy_operator_gc_frozen_objects",
+            "Objects the last settle moved out of the collector's reach (gc.get_freeze_count()).",
+            registry=registry,
+        )
+
+    def observe(self, frozen: int, took: float) -> None:
+        self.seconds.observe(took)
+        self.frozen.set(frozen)
 
 
 def settle() -> tuple[int, float]:
@@ -43,7 +72,7 @@ def settle() -> tuple[int, float]:
     return gc.get_freeze_count(), time.perf_counter() - started
 
 
-def tune(every: float = EVERY) -> bool:
+def tune(every: float = EVERY, on_settle: OnSettle | None = None) -> bool:
     """At start, once the service's parts are built: a larger young generation and a first settle. False
     (nothing changed) when `every` is 0."""
     if every <= 0:
@@ -52,10 +81,14 @@ def tune(every: float = EVERY) -> bool:
     gc.set_threshold(YOUNG, older, oldest)
     frozen, took = settle()
     log.debug("gc: %d objects frozen at start in %.0f ms", frozen, took * 1000)
+    if on_settle is not None:
+        on_settle(frozen, took)
     return True
 
 
-async def settle_periodically(every: float = EVERY, *, first: float = FIRST) -> None:
+async def settle_periodically(
+    every: float = EVERY, *, first: float = FIRST, on_settle: OnSettle | None = None
+) -> None:
     """Until cancelled: `settle()` after `first` seconds (at most `every`), then every `every` seconds. On the
     event loop: a collection holds the interpreter whichever thread runs it."""
     if every <= 0:
@@ -66,3 +99,5 @@ async def settle_periodically(every: float = EVERY, *, first: float = FIRST) -> 
         delay = every
         frozen, took = settle()
         log.debug("gc: settled, %d objects frozen in %.0f ms", frozen, took * 1000)
+        if on_settle is not None:
+            on_settle(frozen, took)

@@ -71,6 +71,7 @@ class Service:
     lag: LoopLag | None = None  # the event loop's lag on /metrics (service/loop_lag.py)
     trim_seconds: float = 0.0  # free C heap pages given back this often (service/memory.py); 0: never
     gc_seconds: float = 0.0  # settled objects frozen out of the collector this often (gc_tuning.py); 0: never
+    gc_metrics: gc_tuning.SettleMetrics | None = None  # each settle's pause on /metrics
 
     @property
     def port(self) -> int:
@@ -219,6 +220,7 @@ def _assemble(
         lag=LoopLag(registry),
         trim_seconds=settings.malloc_trim_seconds,
         gc_seconds=settings.gc_settle_seconds,
+        gc_metrics=gc_tuning.SettleMetrics(registry),
     )
 
 
@@ -251,8 +253,11 @@ async def serve(service: Service) -> None:
     )
     lag = asyncio.create_task(service.lag.run() if service.lag else stop.wait(), name="loop-lag")
     trim = asyncio.create_task(trim_periodically(service.trim_seconds), name="malloc-trim")
-    gc_tuning.tune(service.gc_seconds)
-    settle = asyncio.create_task(gc_tuning.settle_periodically(service.gc_seconds), name="gc-settle")
+    on_settle = service.gc_metrics.observe if service.gc_metrics else None
+    gc_tuning.tune(service.gc_seconds, on_settle)
+    settle = asyncio.create_task(
+        gc_tuning.settle_periodically(service.gc_seconds, on_settle=on_settle), name="gc-settle"
+    )
     try:
         log.info("API served by uvicorn on %s", api_server.describe(service.server.config))
         await service.server.serve(sockets=[service.listener])

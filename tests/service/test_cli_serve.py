@@ -2,7 +2,8 @@
 
 The process is the installed console script, as a person runs it; its proxies become leasable only once a
 probe fetched `/v1/echo` through them from this service, so a probe URL naming port 0 (or any port but the
-bound one) never lets a lease through.
+bound one) never lets a lease through. It also tunes the garbage collector as served (service/gc_tuning.py):
+a settle at start, on /metrics.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def test_serve_on_port_zero_probes_and_leases_on_the_bound_port(
         "PROXY_OPERATOR_HEALTH_INTERVAL_SECONDS": "0.5",
         "PROXY_OPERATOR_HEALTH_HEALTHY_THRESHOLD": "1",
         "PROXY_OPERATOR_RESYNC_SECONDS": "0",
+        "PROXY_OPERATOR_GC_SETTLE_SECONDS": "300",  # as served (tests/conftest.py turns it off for pytest)
     }
     command = [
         str(Path(sys.executable).parent / "proxy-operator"),
@@ -61,6 +63,11 @@ def test_serve_on_port_zero_probes_and_leases_on_the_bound_port(
             token = (state / "dev-token").read_text().strip()
             lease = _lease_when_healthy(f"http://127.0.0.1:{port}", token)
             assert lease["leases"][0]["key"] in example.keys
+            metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+            settles = re.search(r"^proxy_operator_gc_settle_seconds_count (\S+)$", metrics, re.M)
+            frozen = re.search(r"^proxy_operator_gc_frozen_objects (\S+)$", metrics, re.M)
+            assert settles and float(settles.group(1)) >= 1, "serve did not settle the collector at start"
+            assert frozen and float(frozen.group(1)) > 10_000, "serve froze nothing out of the collector"
         finally:
             _stop(process)
             example.kill_processes()
