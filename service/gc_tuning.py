@@ -42,7 +42,7 @@ OnSettle = Callable[[int, float], None]  # (objects frozen, seconds the settle h
 
 
 class SettleMetrics:
-    """The settles on /metrics: each one's pause (a full collection holds the event loop) and what it froze."""
+    """The settles on /metrics: each one's pause (a full collection holds the loop) and what it froze."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.seconds = Histogram(

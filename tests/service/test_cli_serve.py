@@ -66,8 +66,10 @@ def test_serve_on_port_zero_probes_and_leases_on_the_bound_port(
             metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
             settles = re.search(r"^proxy_operator_gc_settle_seconds_count (\S+)$", metrics, re.M)
             frozen = re.search(r"^proxy_operator_gc_frozen_objects (\S+)$", metrics, re.M)
-            assert settles and float(settles.group(1)) >= 1, "serve did not settle the collector at start"
-            assert frozen and float(frozen.group(1)) > 10_000, "serve froze nothing out of the collector"
+            assert settles, "no proxy_operator_gc_settle_seconds on /metrics"
+            assert float(settles.group(1)) >= 1, "serve did not settle the collector at start"
+            assert frozen, "no proxy_operator_gc_frozen_objects on /metrics"
+            assert float(frozen.group(1)) > 10_000, "serve froze nothing out of the collector"
         finally:
             _stop(process)
             example.kill_processes()
