@@ -34,7 +34,8 @@ DESCRIPTION = (
 
 
 def _with_sweeper(discovery: DiscoveryService, lifespan: Any) -> Any:
-    """The caller's lifespan, with discovery's lease-user sweeper running for as long as the app serves."""
+    """The caller's lifespan, with discovery's lease-user sweeper running for as long as the app serves (and
+    the lease users' control connections closed after it)."""
 
     @asynccontextmanager
     async def wrapped(app: FastAPI) -> AsyncIterator[Any]:
@@ -48,6 +49,7 @@ def _with_sweeper(discovery: DiscoveryService, lifespan: Any) -> Any:
         finally:
             sweeper.cancel()
             await asyncio.gather(sweeper, return_exceptions=True)
+            await discovery.lease_users.close()  # its kept control connections
 
     return wrapped
 

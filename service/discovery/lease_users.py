@@ -41,6 +41,7 @@ from service.discovery.control_targets import Resolve
 from service.discovery.store import LeaseRecord
 from service.inventory import Inventory
 from stacks.forward_proxy import control
+from stacks.forward_proxy.control_client import ControlClient
 from stacks.forward_proxy.users import LEASE_PREFIX
 
 log = logging.getLogger(__name__)
@@ -78,17 +79,28 @@ class LeaseUsers:
         inventory: Inventory,
         enabled: bool,
         new_password: Callable[[], str] = lambda: secrets.token_urlsafe(16),
-        call: Call = control.call,
+        call: Call | None = None,
         resolve: Resolve = control_targets.resolve_addresses,
     ) -> None:
         self._inventory = inventory
         self._enabled = enabled
         self._new_password = new_password
+        # The pushes go over connections kept per channel (a new one per push was several turns of the loop
+        # per lease, and an accept in the listener): stacks/forward_proxy/control_client.py.
+        self._client: ControlClient | None = None
+        if call is None:
+            self._client = ControlClient()
+            call = self._client.call
         self._call = call
         self._resolve = resolve
         self._ends: list[tuple[float, str]] = []  # (expires_at, lease id) of leases this replica touched
         self._issued: dict[str, dict[str, bytes]] = {}  # proxy -> lease id -> digest of its user's password
         self._reached: dict[str, set[tuple[str, str]]] = {}  # proxy -> (target, instance) holding them all
+
+    async def close(self) -> None:
+        """Close the kept control connections (at the app's end)."""
+        if self._client is not None:
+            await self._client.close()
 
     def channel(self, proxy: str) -> Channel | None:
         """The proxy's control channel when its leases get their own users; None: its own credentials."""

@@ -201,7 +201,7 @@ async def call(
 ) -> dict[str, Any]:
     """Send one request to `channel` (a unix socket path, or `tcp://HOST:PORT`: with the token derived from
     the proxy's `password`), wait for its answer and return it; a ControlError unless the proxy said ok."""
-    address, request = _addressed(channel, request, password=password)
+    address, request = addressed(channel, request, password=password)
     try:
         async with asyncio.timeout(wait):
             if isinstance(address, str):
@@ -217,7 +217,12 @@ async def call(
                 with contextlib.suppress(OSError):
                     await writer.wait_closed()
     except (OSError, TimeoutError) as exc:
-        raise ControlError(f"control channel {channel}: {exc or type(exc).__name__}") from exc
+        raise ControlError(f"control channel {channel}: {str(exc) or type(exc).__name__}") from exc
+    return checked_answer(channel, line)
+
+
+def checked_answer(channel: str, line: bytes) -> dict[str, Any]:
+    """The answer on `line`; a ControlError unless the proxy said ok."""
     try:
         answer = json.loads(line)
     except ValueError as exc:
@@ -228,7 +233,7 @@ async def call(
     return answer
 
 
-def _addressed(
+def addressed(
     channel: str, request: dict[str, Any], *, password: str | None
 ) -> tuple[str | tuple[str, int], dict[str, Any]]:
     """Where to connect (a unix socket path, or a TCP host and port) and what to send there."""

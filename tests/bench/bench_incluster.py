@@ -157,7 +157,8 @@ def service(
     }
     argv = [str(VENV_BIN / "proxy-operator"), "serve", *args, "--state-dir", str(state), "--port", "0"]
     if TRACEMALLOC and name == "bench-full":
-        argv[:1] = [sys.executable, "-X", "tracemalloc=8", "-c", TRACED]
+        frames = os.environ.get("BENCH_TRACE_FRAMES", "8")  # deeper: slower, but reaches our callers
+        argv[:1] = [sys.executable, "-X", f"tracemalloc={frames}", "-c", TRACED]
         full_env.update(BENCH_SNAPSHOT=str(tmp / "snapshot"), PYTHONPATH=str(ROOT))
     log = tmp / f"service-{name}{run}.log"
     with log.open("wb") as out:

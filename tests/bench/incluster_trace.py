@@ -38,7 +38,7 @@ def report_allocations(process: subprocess.Popen[bytes], path: Path, *, until: C
     callers: dict[str, int] = {}
     for stat in snapshot.statistics("traceback"):
         ours = [f for f in reversed(stat.traceback) if _ours(f.filename)]
-        where = _where(ours[0]) if ours else "(no frame of ours within 8)"
+        where = _where(ours[0]) if ours else f"(no frame of ours within {len(stat.traceback)})"
         callers[where] = callers.get(where, 0) + stat.size
     print("  by the line of ours nearest the allocation:")
     for where, size in sorted(callers.items(), key=lambda item: -item[1])[:12]:
