@@ -36,13 +36,20 @@ def report_allocations(process: subprocess.Popen[bytes], path: Path, *, until: C
         frame = stat.traceback[0]
         print(f"  {stat.size / 2**20:6.1f} MiB {stat.count:8d} blocks  {_where(frame)}")
     callers: dict[str, int] = {}
+    foreign = []
     for stat in snapshot.statistics("traceback"):
         ours = [f for f in reversed(stat.traceback) if _ours(f.filename)]
         where = _where(ours[0]) if ours else f"(no frame of ours within {len(stat.traceback)})"
         callers[where] = callers.get(where, 0) + stat.size
+        if not ours:
+            foreign.append(stat)
     print("  by the line of ours nearest the allocation:")
     for where, size in sorted(callers.items(), key=lambda item: -item[1])[:12]:
         print(f"  {size / 2**20:6.1f} MiB  {where}")
+    print("  the largest with no frame of ours, outermost frame first:")
+    for stat in foreign[:6]:
+        frames = " <- ".join(_where(f) for f in list(stat.traceback)[::-1][:6])
+        print(f"  {stat.size / 2**20:6.1f} MiB  {frames}")
 
 
 def _ours(filename: str) -> bool:
