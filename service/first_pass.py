@@ -139,6 +139,8 @@ class FirstPass:
             # without what it holds; tried again at the next poll.
             log.error("cannot list the stacks of the backend: %s", exc.message)
             return
+        if self._lanes:  # a real change's stacks are read first: the bulk's CLI calls wait for theirs
+            await asyncio.gather(*list(self._lanes), return_exceptions=True)
         if not await self._read_stacks(names):
             return
         self._backend_seen = True

@@ -83,6 +83,7 @@ class ClusterMode:
             probe_pods=kube.probe_pods(settings.listen_port),
         )
         self.engine = Engine(config)
+        self.engine.prepare()  # the CLI's version read now: a new term's first read does not wait for it
         self.allowances = Allowances()  # deletion allowances outlive a term: a new leader honours them
         self.term: Term | None = None
         self.heartbeat = OperationsHeartbeat(

@@ -20,6 +20,7 @@ from pulumi.automation._cmd import CommandResult, OnOutput, _fixup_path
 from pulumi.automation.errors import create_command_error
 from semver import VersionInfo
 
+from automation.engine.config import cli_version
 from automation.engine.term import Term, TermEndedError, is_operation
 
 WATCHDOG = Path(__file__).with_name("watchdog.py")
@@ -32,14 +33,15 @@ class PulumiAt(auto.PulumiCommand):
     `fenced`: operations outside a term are refused (the in-cluster engine: only a leader's term acts).
     """
 
-    def __init__(self, cli: Path, *, fenced: bool = False, grace: float = 10.0) -> None:
+    def __init__(
+        self, cli: Path, *, fenced: bool = False, grace: float = 10.0, version: str | None = None
+    ) -> None:
         # the base __init__ would build the path from a root
         self.command = str(cli)
         self.fenced = fenced
         self.grace = grace  # how long a watchdog waits after SIGINT before it kills the CLI
         self.term: Term | None = None
-        env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
-        printed = subprocess.check_output([self.command, "version"], env=env, text=True).strip()
+        printed = version if version is not None else cli_version(cli)  # given: read ahead (core.py)
         self.version = VersionInfo.parse(printed.removeprefix("v"))
 
     def for_term(self, term: Term | None) -> PulumiAt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -119,6 +120,12 @@ def find_pulumi(configured: Path | None) -> Path:
         "no Pulumi CLI: set PROXY_OPERATOR_PULUMI_PATH to the `pulumi` executable, put `pulumi` on PATH, "
         "or run `make tools` in a checkout"
     )
+
+
+def cli_version(cli: Path) -> str:
+    """What `pulumi version` prints (`v3.260.0`): one CLI call, without the SDK."""
+    env = {**os.environ, "PULUMI_SKIP_UPDATE_CHECK": "true"}
+    return subprocess.check_output([str(cli), "version"], env=env, text=True).strip()
 
 
 def read_passphrase(*, path: Path | None, env_var: str = "PULUMI_CONFIG_PASSPHRASE") -> str | None:

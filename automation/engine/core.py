@@ -20,7 +20,6 @@ import json
 import logging
 import secrets
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,12 +27,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from automation.engine.config import CONFIG_NAMESPACE, HASH_OUTPUT, OWNER_TAG, EngineConfig, StackInput
+from automation.engine.config import (
+    CONFIG_NAMESPACE,
+    HASH_OUTPUT,
+    OWNER_TAG,
+    EngineConfig,
+    StackInput,
+)
 from automation.engine.config_cache import ConfigCache, config_digest
 from automation.engine.errors import STACK_NOT_FOUND, translate
 from automation.engine.events import UNCHANGING, EventLogger
 from automation.engine.locks import LockRecovery
 from automation.engine.results import OperationResult, PreviewStep, StackInfo, steps_from_events
+from automation.engine.runner import Runner
 from automation.engine.state_edit import remove_components
 from automation.engine.term import Term
 from automation.engine.workdir import write_project_file
@@ -54,11 +60,16 @@ class Engine:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._runner = _Runner(config.pulumi, fenced=config.fenced)  # shared by the term views
+        self._runner = Runner(config.pulumi, fenced=config.fenced)  # shared by the term views
         self._bound: PulumiAt | None = None  # this view's runner, made on its first CLI call
         self._locks = LockRecovery(hostname=config.hostname, foreign_gone=config.foreign_lock_gone)
         self._written = ConfigCache()  # shared by the term views: each entry names its term
         self.term: Term | None = None
+
+    def prepare(self) -> None:
+        """Read the CLI's version ahead, in a thread (a replica that may lead: its first operation, a new
+        term's backend read, then waits only for the SDK's import and its own CLI calls)."""
+        self._runner.prefetch()
 
     def in_term(self, term: Term) -> Engine:
         """This engine with every CLI call belonging to `term` (automation/engine/term.py): once the term
@@ -355,23 +366,6 @@ class Engine:
             pulumi_command=self._command,
             pulumi_home=str(self.config.pulumi_home) if self.config.pulumi_home else None,
         )
-
-
-class _Runner:
-    """The one `PulumiAt` of an engine and its term views, made on the first CLI call any of them makes."""
-
-    def __init__(self, cli: Path, *, fenced: bool) -> None:
-        self.cli, self.fenced = cli, fenced
-        self._made: PulumiAt | None = None
-        self._lock = threading.Lock()  # operations run in threads: one `pulumi version`, one runner
-
-    def get(self) -> PulumiAt:
-        with self._lock:
-            if self._made is None:
-                from automation.engine.command import PulumiAt  # the SDK: `PulumiAt` extends its runner
-
-                self._made = PulumiAt(self.cli, fenced=self.fenced)
-            return self._made
 
 
 def _plain(outputs: dict[str, Any]) -> dict[str, Any]:
