@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +209,35 @@ def test_a_tcp_channel_with_its_token_over_a_kept_connection(
             await server.wait_closed()
 
     current_event_loop.run_until_complete(test())
+
+
+def test_a_client_used_from_one_event_loop_then_another(tmp_path: Path) -> None:
+    """A client outliving its event loop (a test's, a service's restart in process): the loop's end closed
+    its kept connection, and a call from the next loop opens a new one. Each loop runs in a thread of its
+    own here, the channel in a third."""
+    path = str(tmp_path / "c.ctl")
+    ready, stop = threading.Event(), threading.Event()
+
+    def serve() -> None:
+        async def main() -> None:
+            server = await control.start(path, LeaseUsers())
+            ready.set()
+            await asyncio.to_thread(stop.wait)
+            server.close()
+            await server.wait_closed()
+
+        asyncio.run(main())
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        assert ready.wait(10)
+        client = ControlClient()
+        with ThreadPoolExecutor(1) as pool:
+            for _ in range(2):  # asyncio.run: a new loop each time, the previous one closed
+                answer = pool.submit(asyncio.run, client.call(path, {"op": "hello"}, wait=5)).result(10)
+                assert answer["ok"] is True
+                assert len(client) == 0, "the loop's end did not close its connection"
+    finally:
+        stop.set()
+        server.join(10)
