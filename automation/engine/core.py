@@ -19,6 +19,7 @@ import copy
 import json
 import logging
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -276,14 +277,20 @@ class Engine:
 
         events = EventLogger(stack=name, operation=kind, keep=kind.startswith("preview"))
         started = time.monotonic()
+        # The CLI and its plugins keep their temporary files in a folder of this operation, removed when it
+        # ends: the Kubernetes plugin writes a kubeconfig given as content (a kubeconfigSecret's) to
+        # $TMPDIR at each start and never removes it (docs/security.md). The proxies a `local` stack
+        # starts have an environment of their own (no TMPDIR).
+        scratch = tempfile.mkdtemp(prefix="proxy-operator-op-")
         try:
-            workspace = self._workspace(name, env)
+            workspace = self._workspace(name, {**(env or {}), "TMPDIR": scratch})
             select = self._create_or_select if create else auto.Stack.select
             stack = select(name, workspace)
             yield stack, events
         except auto.errors.CommandError as exc:
             raise translate(exc, stack=name) from exc
         finally:
+            shutil.rmtree(scratch, ignore_errors=True)
             log.debug("%s %s took %.1fs", kind, name, time.monotonic() - started)
 
     def _create_or_select(self, name: str, workspace: auto.LocalWorkspace) -> auto.Stack:

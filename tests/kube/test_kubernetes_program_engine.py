@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -496,6 +497,14 @@ def test_kubeconfig_secret_reaches_the_provider_and_a_missing_permission_is_a_pe
         assert not [w for w in writers if w[0] != user], "only the kubeconfig's user wrote there"
 
     asyncio.run(node_fleet.run(scenario))
+    # The plugin wrote the kubeconfig to its TMPDIR at each start: the operation's own folder, removed with
+    # it, not the system's (automation/engine/core.py `_operation`; docs/security.md).
+    left = [
+        path
+        for path in Path(tempfile.gettempdir()).glob("kubeconfig*")
+        if token in path.read_text(errors="replace")
+    ]
+    assert not left, f"the kubeconfig Secret's content was left in the temporary folder: {left}"
 
 
 def test_preview_of_the_in_cluster_example_shows_the_real_plan(
