@@ -5,9 +5,10 @@ on the session's loop of tests/stacks/conftest.py."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -56,22 +57,28 @@ class Channel:
         await self.server.wait_closed()
 
 
+@contextlib.asynccontextmanager
+async def serving(channel: Channel, client: ControlClient) -> AsyncIterator[ControlClient]:
+    """The channel started, the client given; both closed at the end."""
+    await channel.start()
+    try:
+        yield client
+    finally:
+        await client.close()
+        await channel.stop()
+
+
 def test_concurrent_calls_share_one_connection_and_each_gets_its_own_answer(
     tmp_path: Path, current_event_loop: asyncio.AbstractEventLoop
 ) -> None:
     async def test() -> None:
         channel = Channel(tmp_path / "c.ctl")
-        await channel.start()
-        client = ControlClient()
-        try:
+        async with serving(channel, ControlClient()) as client:
             calls = [client.call(channel.path, {"op": "hello", "n": n}, wait=10) for n in range(200)]
             answers = await asyncio.gather(*calls)
             assert [a["n"] for a in answers] == list(range(200))
             assert len(channel.sessions) == 1, "a connection per call, not one kept"
             assert len(client) == 1
-        finally:
-            await client.close()
-            await channel.stop()
 
     current_event_loop.run_until_complete(test())
 
@@ -81,18 +88,13 @@ def test_a_listener_started_again_is_reached_on_a_new_connection(
 ) -> None:
     async def test() -> None:
         channel = Channel(tmp_path / "c.ctl")
-        await channel.start()
-        client = ControlClient()
-        try:
+        async with serving(channel, ControlClient()) as client:
             assert (await client.call(channel.path, {"op": "hello", "n": 1}, wait=10))["n"] == 1
             await channel.stop()  # the listener process ends and another takes its socket
             await asyncio.sleep(0)  # not needed for the retry, but lets the client see the end first
             await channel.start()
             assert (await client.call(channel.path, {"op": "hello", "n": 2}, wait=10))["n"] == 2
             assert len(channel.sessions) == 2
-        finally:
-            await client.close()
-            await channel.stop()
 
     current_event_loop.run_until_complete(test())
 
@@ -105,16 +107,11 @@ def test_a_kept_connection_found_dead_on_write_is_retried_once_on_a_new_one(
 
     async def test() -> None:
         channel = Channel(tmp_path / "c.ctl")
-        await channel.start()
-        client = ControlClient()
-        try:
+        async with serving(channel, ControlClient()) as client:
             await client.call(channel.path, {"op": "hello", "n": 1}, wait=10)
             (kept,) = client._connections.values()
             kept.writer.transport.abort()  # as if the peer reset it: the next write or read fails
             assert (await client.call(channel.path, {"op": "hello", "n": 2}, wait=10))["n"] == 2
-        finally:
-            await client.close()
-            await channel.stop()
 
     current_event_loop.run_until_complete(test())
 
@@ -124,9 +121,7 @@ def test_a_call_past_its_wait_fails_alone_and_the_next_gets_its_own_answer(
 ) -> None:
     async def test() -> None:
         channel = Channel(tmp_path / "c.ctl", delays={1: 0.5})
-        await channel.start()
-        client = ControlClient()
-        try:
+        async with serving(channel, ControlClient()) as client:
             slow = asyncio.create_task(client.call(channel.path, {"op": "hello", "n": 1}, wait=0.1))
             await asyncio.sleep(0)
             quick = client.call(channel.path, {"op": "hello", "n": 2}, wait=10)
@@ -135,9 +130,6 @@ def test_a_call_past_its_wait_fails_alone_and_the_next_gets_its_own_answer(
                 await slow
             assert (await client.call(channel.path, {"op": "hello", "n": 3}, wait=10))["n"] == 3
             assert len(channel.sessions) == 1
-        finally:
-            await client.close()
-            await channel.stop()
 
     current_event_loop.run_until_complete(test())
 
@@ -149,17 +141,12 @@ def test_an_idle_connection_is_closed(
 
     async def test() -> None:
         channel = Channel(tmp_path / "c.ctl")
-        await channel.start()
-        client = ControlClient(idle=0.05)
-        try:
+        async with serving(channel, ControlClient(idle=0.05)) as client:
             await client.call(channel.path, {"op": "hello", "n": 1}, wait=10)
             assert len(client) == 1
             await asyncio.sleep(0.1)
             await client.call(channel.path, {"op": "hello", "n": 2}, wait=10)
             assert len(channel.sessions) == 2, "the idle connection was kept"
-        finally:
-            await client.close()
-            await channel.stop()
 
     current_event_loop.run_until_complete(test())
 
