@@ -282,7 +282,7 @@ def _store(settings: OperatorSettings) -> Store:
         from service.discovery.redis_store import RedisStore
 
         return RedisStore.from_url(settings.discovery.redis_url or "", prefix=settings.discovery.redis_prefix)
-    return MemoryStore()
+    return MemoryStore(ended_kept=settings.discovery.ended_leases_kept)
 
 
 def _ended_sessions(store: Store) -> ui.EndedSessions | None:

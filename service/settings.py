@@ -51,6 +51,14 @@ class DiscoverySettings(BaseSettings):
         description="A client may report on a proxy while it holds a lease on it and this long after the "
         "lease ended; otherwise 403 not_a_leaseholder.",
     )
+    ended_leases_kept: int = Field(
+        20_000,
+        ge=0,
+        le=10_000_000,
+        description="The memory store keeps this many ended leases (the latest ended) for reports by lease "
+        "id, each for at most an hour; a report on one it forgot gets 404 lease_not_found, and a report by "
+        "proxy and target still counts within report_window_seconds. About 300 bytes each.",
+    )
     error_quorum: int = Field(
         2,
         ge=1,

@@ -11,8 +11,9 @@ target starts after it. A release, renewal or good report that could end the run
 
 from __future__ import annotations
 
-import heapq
+import sys
 import threading
+from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,12 @@ from service.discovery.store import (
 # after expiry, so late reports still find them.
 SWEEP_EVERY = 60.0
 LEASE_GRACE = 3600.0
+# Ended leases kept for late reports beyond the hour's bound: at 500 leases a second an hour of them was
+# 1.8 million records (about 370 bytes each in this store). A report on one forgotten gets 404 with the
+# advice to report by proxy and target, which holds for report_window_seconds whatever this bound.
+ENDED_KEPT = 20_000
+LONG_LEASE = 120.0  # a running lease ending later than this is moved behind the ones taken after it
+RETIRE_STEP = 4  # entries of the running order looked at per lease taken
 RESUME_AFTER = 16  # a walk remembers an ineligible run at the front once it is this long
 NO_PENALTY = (0.0, 0)
 INFINITY = float("inf")
@@ -74,7 +81,9 @@ class _Resume:
 
 
 class MemoryStore:
-    def __init__(self) -> None:
+    def __init__(self, *, ended_kept: int = ENDED_KEPT) -> None:
+        """`ended_kept`: at most this many ended leases are kept for late reports (the oldest ended go
+        first), each for at most LEASE_GRACE seconds; running leases are always kept."""
         self._lock = threading.Lock()
         self._lru = HandOutOrder()
         self._resume: dict[tuple[str, str], _Resume] = {}  # (client, target) -> where its walk resumes
@@ -82,7 +91,11 @@ class MemoryStore:
         self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
         self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
         self._leases: dict[str, _Kept] = {}
-        self._lease_gc: list[tuple[float, str]] = []
+        # lease ids in the order they were taken (running, or ended and not noticed yet), then in the order
+        # their end was noticed: a lease's record goes when it leaves `_ended`
+        self._running: deque[str] = deque()
+        self._ended: deque[str] = deque()
+        self._ended_kept = ended_kept
         self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
         self._last_candidates: Collection[str] | None = None
         self._next_sweep = 0.0
@@ -241,14 +254,38 @@ class MemoryStore:
         lease = LeaseRecord(
             lease_id=lease_id,
             client=request.client,
-            target=request.target,
+            target=sys.intern(request.target),  # one string per target, not per lease
             proxy=key,
             handed_at=now,
             expires_at=now + request.ttl,
         )
         self._leases[lease_id] = _keep(lease)
-        heapq.heappush(self._lease_gc, (lease.expires_at + LEASE_GRACE, lease_id))
+        self._running.append(lease_id)
+        self._retire(now, budget=RETIRE_STEP)
         return lease
+
+    def _retire(self, now: float, *, budget: int) -> None:
+        """Note the end of leases at the front of the running order (at most `budget` looked at), then forget
+        ended leases past the bound or ended over LEASE_GRACE ago."""
+        running, ended, leases = self._running, self._ended, self._leases
+        while running and budget > 0:
+            budget -= 1
+            kept = leases.get(running[0])
+            if kept is None or kept[5]:  # forgotten, or released (noted as ended at its release)
+                running.popleft()
+            elif kept[4] <= now:
+                ended.append(running.popleft())
+            elif kept[4] > now + LONG_LEASE:  # long or renewed: it must not hold back the ones behind it
+                running.rotate(-1)
+            else:
+                break
+        while ended:
+            kept = leases.get(ended[0])
+            if kept is not None and len(ended) <= self._ended_kept and kept[4] + LEASE_GRACE > now:
+                break
+            lease_id = ended.popleft()
+            if kept is not None:
+                del leases[lease_id]
 
     def _order(self, candidates: Collection[str], *, walk: bool, start: int) -> Iterable[tuple[int, str]]:
         """(position, candidate), least recently used first: walk the LRU for big sets, sort small ones (a
@@ -283,6 +320,7 @@ class MemoryStore:
                 self._resume.pop((lease.client, lease.target), None)
             released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
             self._leases[lease_id] = _keep(released)
+            self._ended.append(lease_id)
             self._holdings.moved(lease.client, lease_id, end=now)
             return released
 
@@ -301,7 +339,6 @@ class MemoryStore:
             self._reports.held(client=lease.client, proxy=lease.proxy, until=until)
             self._leases[lease_id] = _keep(renewed)
             self._holdings.moved(lease.client, lease_id, end=until)
-            heapq.heappush(self._lease_gc, (until + LEASE_GRACE, lease_id))
             return renewed
 
     async def penalise(
@@ -392,6 +429,12 @@ class MemoryStore:
             found = [self._get(lease_id) for lease_id in self._holdings.active(client, now=now)]
         return [lease for lease in found if lease is not None and not lease.released]
 
+    def kept_leases(self, *, now: float) -> tuple[int, int]:
+        """(leases running at `now`, ended leases still kept for late reports)."""
+        with self._lock:
+            live = sum(1 for kept in self._leases.values() if kept[4] > now)
+            return live, len(self._leases) - live
+
     async def ping(self) -> bool:
         return True
 
@@ -414,8 +457,4 @@ class MemoryStore:
         self._reports.sweep(now=now, keep=LEASE_GRACE)
         self._summaries.sweep(now=now)
         self._holdings.sweep(now=now)
-        while self._lease_gc and self._lease_gc[0][0] <= now:
-            lease_id = heapq.heappop(self._lease_gc)[1]
-            kept = self._leases.get(lease_id)
-            if kept is not None and kept[4] + LEASE_GRACE <= now:  # a renewed lease stays
-                del self._leases[lease_id]
+        self._retire(now, budget=len(self._running))

@@ -89,6 +89,7 @@ SETTLE = 10.0  # no write to any Proxy for this long: the service has settled
 PROXIES_PATH = f"{BASE}/namespaces/{NAMESPACE}/proxies"
 VENV_BIN = Path(sys.executable).parent
 TRACEMALLOC = bool(os.environ.get("BENCH_TRACEMALLOC"))
+CENSUS = bool(os.environ.get("BENCH_CENSUS"))
 SERVICE_ENV = {
     "PATH": f"{ROOT / '.tools' / 'bin'}:{VENV_BIN}:{os.environ['PATH']}",
     "PULUMI_CONFIG_PASSPHRASE": "bench",
@@ -160,6 +161,9 @@ def service(
         frames = os.environ.get("BENCH_TRACE_FRAMES", "8")  # deeper: slower, but reaches our callers
         argv[:1] = [sys.executable, "-X", f"tracemalloc={frames}", "-c", TRACED]
         full_env.update(BENCH_SNAPSHOT=str(tmp / "snapshot"), PYTHONPATH=str(ROOT))
+    elif CENSUS and name in ("bench-full", "bench-running"):  # not traced: a census costs seconds, once
+        argv[:1] = [sys.executable, "-c", TRACED]
+        full_env.update(BENCH_CENSUS_FILE=str(tmp / "census.txt"), PYTHONPATH=str(ROOT))
     log = tmp / f"service-{name}{run}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(

@@ -21,7 +21,8 @@ libraries' pages) as it grows.
 BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500) over BENCH_CONNECTIONS (64), BENCH_WINDOW
 (30 s), BENCH_READY_WITHIN (2400 s), BENCH_ECHO (own), BENCH_KEEP=1 keeps the working folder,
 BENCH_TRACEMALLOC=1 runs the service under tracemalloc and prints where its memory went (its RSS and CPU are
-then the tracer's too; BENCH_TRACE_FRAMES, 8, frames kept per allocation). About 15-20 minutes at 10,000.
+then the tracer's too; BENCH_TRACE_FRAMES, 8, frames kept per allocation), BENCH_CENSUS=1 prints a census of
+the service's objects by what holds them at the end (tests/bench/census.py). About 15-20 minutes at 10,000.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from kubernetes.client import ApiClient  # noqa: E402
 
 from service.kube.client import request_json  # noqa: E402
 from tests.bench.bench_incluster import (  # noqa: E402
+    CENSUS,
     NAMESPACE,
     PROXIES_PATH,
     TRACEMALLOC,
@@ -69,7 +71,7 @@ from tests.bench.follower_phase import (  # noqa: E402
     paced_leases,
     quantile,
 )
-from tests.bench.incluster_trace import report_allocations  # noqa: E402
+from tests.bench.incluster_trace import report_allocations, report_census  # noqa: E402
 from tests.kube.apiserver import KubeApi, running_apiserver  # noqa: E402
 
 RUNNING = int(os.environ.get("BENCH_RUNNING", "10000"))
@@ -222,10 +224,15 @@ def run(tmp: Path) -> None:
             print(f"{len(groups['listeners (all entries)'])} listener processes")
             port = int(url.rsplit(":", 1)[1])
             window("probes alone", svc, url, groups, port=port, token=token, rate=0)
+            if CENSUS:  # before the leases: what the running fleet costs, without held leases
+                report_census(svc.process, tmp / "census.txt", until=_until)
+                (tmp / "census.txt").unlink()
             window(f"probes + {RATE:.0f} leases/s", svc, url, groups, port=port, token=token, rate=RATE)
             rss = _rss_mib(svc.process.pid)
             print(f"service RSS at the end {rss:.1f} MiB: {rss / GOAL_MIB:.2f}x the {GOAL_MIB} MiB goal")
             print(f"service {memory_parts(svc.process.pid)}")
+            if CENSUS:
+                report_census(svc.process, tmp / "census.txt", until=_until)
 
 
 def _create(kube: KubeApi, api: ApiClient) -> float:

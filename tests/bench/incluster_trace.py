@@ -11,10 +11,14 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-# The CLI under tracemalloc; SIGUSR1 writes a snapshot to the file named by BENCH_SNAPSHOT.
+# The CLI under tracemalloc; SIGUSR1 writes a snapshot to the file named by BENCH_SNAPSHOT, SIGUSR2 a census
+# (tests/bench/census.py) to the file named by BENCH_CENSUS_FILE.
 TRACED = """
 import os, signal, sys, tracemalloc
 signal.signal(signal.SIGUSR1, lambda *_: tracemalloc.take_snapshot().dump(os.environ["BENCH_SNAPSHOT"]))
+if os.environ.get("BENCH_CENSUS_FILE"):
+    from tests.bench.census import install
+    install()
 from service.cli import app
 sys.argv[0] = "proxy-operator"
 app()
@@ -50,6 +54,14 @@ def report_allocations(process: subprocess.Popen[bytes], path: Path, *, until: C
     for stat in foreign[:6]:
         frames = " <- ".join(_where(f) for f in list(stat.traceback)[::-1][:6])
         print(f"  {stat.size / 2**20:6.1f} MiB  {frames}")
+
+
+def report_census(process: subprocess.Popen[bytes], path: Path, *, until: Callable[..., Any]) -> None:
+    """Print a census of the service's objects by what holds them (tests/bench/census.py); `path` is the
+    service's BENCH_CENSUS_FILE."""
+    process.send_signal(signal.SIGUSR2)
+    until(lambda: path.exists() and path.stat().st_size > 0, what="the census")
+    print(path.read_text())
 
 
 def _ours(filename: str) -> bool:

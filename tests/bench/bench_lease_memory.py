@@ -1,0 +1,98 @@
+"""Benchmark: what the memory store keeps of leases over an hour of steady leasing (issue 20).
+
+The in-cluster bench leases for 30 s; a service leases for days. The memory store keeps every lease while
+it runs and, after it ends, for late reports (docs/api.md, "Leases"): at 500 leases a second that is the
+lease records of an hour, unless a bound forgets the oldest ended ones first. This drives `MemoryStore`
+directly on a simulated clock (no server, no sockets): BENCH_PROXIES proxies, BENCH_CLIENTS clients
+taking turns, BENCH_RATE leases a second of BENCH_TTL seconds, every other one released after
+BENCH_HOLD seconds, for BENCH_SECONDS simulated seconds, a report (a ban) on one lease in 50. It prints,
+at each checkpoint, the leases the store keeps (live and ended) and the process's RSS above its start
+(the store is all this process holds). Printed, never asserted. About a minute at the defaults.
+
+Reproduce: PYTHONPATH=$PWD .venv/bin/python tests/bench/bench_lease_memory.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from service.discovery.memory import MemoryStore  # noqa: E402
+from service.discovery.store import AcquireRequest  # noqa: E402
+from service.memory import trim  # noqa: E402
+
+PROXIES = int(os.environ.get("BENCH_PROXIES", "10000"))
+CLIENTS = int(os.environ.get("BENCH_CLIENTS", "20"))
+RATE = int(os.environ.get("BENCH_RATE", "500"))
+TTL = float(os.environ.get("BENCH_TTL", "60"))
+HOLD = float(os.environ.get("BENCH_HOLD", "5"))
+SECONDS = int(os.environ.get("BENCH_SECONDS", "3600"))
+CHECKPOINTS = (60, 300, 900, 1800, 3600, 7200)
+
+
+def rss_mib() -> float:
+    return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
+
+
+async def main() -> None:
+    store = MemoryStore()
+    candidates = frozenset(f"bench/p{i:05d}" for i in range(PROXIES))
+    clients = [f"client-{c:02d}" for c in range(CLIENTS)]
+    targets = [f"site-{t:02d}.example" for t in range(50)]
+    trim()
+    start_rss = rss_mib()
+    releases: list[tuple[float, str]] = []
+    issued = 0
+    started = time.perf_counter()
+    print(f"{PROXIES} proxies, {CLIENTS} clients, {RATE} leases/s of {TTL:.0f} s, every other released after")
+    print(f"{HOLD:.0f} s, a ban report on one in 50; RSS at the start {start_rss:.1f} MiB")
+    for second in range(1, SECONDS + 1):
+        for n in range(RATE):
+            now = second + n / RATE
+            lease_id = os.urandom(16).hex()
+            request = AcquireRequest(
+                client=clients[issued % CLIENTS],
+                target=targets[issued % len(targets)],
+                candidates=candidates,
+                count=1,
+                ttl=TTL,
+                cooldown=1.0,
+                lease_ids=[lease_id],
+            )
+            got = await store.acquire(request, now=now)
+            issued += 1
+            if not got.leases:
+                continue
+            lease = got.leases[0]
+            if issued % 2:
+                releases.append((now + HOLD, lease.lease_id))
+            if issued % 50 == 0:
+                await store.penalise(
+                    proxy=lease.proxy,
+                    target=lease.target,
+                    now=now,
+                    base=10,
+                    cap=60,
+                    fraction=1.0,
+                    lease_id=lease.lease_id,
+                )
+        while releases and releases[0][0] <= second:
+            await store.release(releases.pop(0)[1], now=second, cooldown=1.0)
+        if second in CHECKPOINTS:
+            trim()
+            live, ended = store.kept_leases(now=second)
+            grown, took = rss_mib() - start_rss, time.perf_counter() - started
+            print(
+                f"  at {second:5d} s: {issued:,} leased, the store keeps {live:,} live and {ended:,} ended;"
+                f" RSS +{grown:.1f} MiB ({took:.0f} s of real time)"
+            )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
