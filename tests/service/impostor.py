@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+import time
 from types import TracebackType
 
 ECHO = b'{"ip": "127.0.0.1"}'
@@ -35,6 +36,16 @@ class Impostor:
     def received(self) -> bytes:
         with self._lock:
             return b"".join(self._received)
+
+    def saw(self, data: bytes, *, within: float = 10.0) -> bool:
+        """Whether `data` arrives within `within` seconds (its thread reads what a probe sent a little
+        after the probe returns, later still on a loaded machine)."""
+        deadline = time.monotonic() + within
+        while data not in self.received:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def close(self) -> None:
         self._stop.set()
