@@ -27,7 +27,7 @@ SKIP = (type, types.ModuleType, types.FunctionType, types.CodeType)
 def census(path: str, *, top: int = 40) -> None:
     """Write the census to `path` (a text report)."""
     gc.collect()
-    allocator = _mallocstats()  # before the census's own maps fill pymalloc's arenas
+    allocator = _mallocstats() + _mallinfo()  # before the census's own maps fill the allocators
     tracked = gc.get_objects()
     owner: dict[int, object] = {}
     seen: dict[int, object] = {id(o): o for o in tracked}
@@ -73,9 +73,8 @@ def census(path: str, *, top: int = 40) -> None:
     _table(out, by_root, root_counts, top)
     out.write("by holder (the nearest object that is not a plain container, then the containers down):\n")
     _table(out, by_holder, holder_counts, top * 2)
-    out.write("pymalloc before the census (sys._debugmallocstats, its totals):\n")
+    out.write("the allocators before the census (pymalloc's totals, sys._debugmallocstats; glibc's):\n")
     out.write(allocator)
-    out.write(_mallinfo())
     with open(path + ".tmp", "w") as file:
         file.write(out.getvalue())
     os.replace(path + ".tmp", path)
