@@ -47,6 +47,9 @@ def census(path: str, *, top: int = 40) -> None:
     root_counts: collections.Counter[str] = collections.Counter()
     by_holder: collections.Counter[str] = collections.Counter()
     holder_counts: collections.Counter[str] = collections.Counter()
+    copies: dict[object, int] = {}  # a str or bytes value -> the objects seen holding it
+    spare: collections.Counter[str] = collections.Counter()  # holder -> bytes of copies beyond the first
+    spare_counts: collections.Counter[str] = collections.Counter()
     total = 0
     for key, obj in seen.items():
         if obj is seen or obj is owner or obj is tracked or obj is queue:
@@ -65,6 +68,12 @@ def census(path: str, *, top: int = 40) -> None:
         root = chain.split(" <- ", 1)[0]
         by_root[root] += size
         root_counts[root] += 1
+        if type(obj) in (str, bytes) and len(obj) >= 8:  # type: ignore[arg-type]
+            held = copies.get(obj, 0)
+            copies[obj] = held + 1
+            if held:
+                spare[chain] += size
+                spare_counts[chain] += 1
     out = io.StringIO()
     out.write(f"census of pid {os.getpid()}: {len(seen):,} objects, {total / 2**20:.1f} MiB by getsizeof\n")
     out.write("by type:\n")
@@ -73,6 +82,9 @@ def census(path: str, *, top: int = 40) -> None:
     _table(out, by_root, root_counts, top)
     out.write("by holder (the nearest object that is not a plain container, then the containers down):\n")
     _table(out, by_holder, holder_counts, top * 2)
+    wasted = sum(spare.values())
+    out.write(f"equal str and bytes values held twice or more: {wasted / 2**20:.1f} MiB of copies:\n")
+    _table(out, spare, spare_counts, top // 2)
     out.write("the allocators before the census (pymalloc's totals, sys._debugmallocstats; glibc's):\n")
     out.write(allocator)
     with open(path + ".tmp", "w") as file:
