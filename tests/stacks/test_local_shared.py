@@ -60,11 +60,13 @@ class Fleet:
         self.provider = LocalSharedProxyProvider()
         self.state = state
         self.outs: dict[str, dict[str, Any]] = {}
+        self.listeners: set[ProcessRef] = set()  # every listener a create reported, stopped at the end
 
     def create(self, props: dict[str, Any]) -> dict[str, Any]:
         created = self.provider.create(props)
         assert created.outs is not None
         self.outs[props["key"]] = dict(created.outs)
+        self.listeners.add(self.ref(props["key"]))
         return self.outs[props["key"]]
 
     def delete(self, key: str) -> None:
@@ -80,11 +82,12 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
     try:
         yield made
     finally:
-        refs = {made.ref(key) for key in made.outs}
-        for key in list(made.outs):
-            made.delete(key)
-        for ref in refs:
-            proc.stop(ref, grace=1)
+        try:
+            for key in list(made.outs):
+                made.delete(key)
+        finally:  # also the listener of a test that failed after its last delete began
+            for ref in made.listeners:
+                proc.stop(ref, grace=1)
 
 
 def _get(outs: dict[str, Any], origin_port: int, *, user: str, password: str) -> int:
