@@ -282,7 +282,9 @@ def _store(settings: OperatorSettings) -> Store:
         from service.discovery.redis_store import RedisStore
 
         return RedisStore.from_url(settings.discovery.redis_url or "", prefix=settings.discovery.redis_prefix)
-    return MemoryStore(ended_kept=settings.discovery.ended_leases_kept)
+    discovery = settings.discovery
+    keep = max(discovery.report_window_seconds, discovery.error_window_seconds)  # the longest look back
+    return MemoryStore(ended_kept=discovery.ended_leases_kept, report_keep=keep)
 
 
 def _ended_sessions(store: Store) -> ui.EndedSessions | None:

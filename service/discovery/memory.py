@@ -81,9 +81,11 @@ class _Resume:
 
 
 class MemoryStore:
-    def __init__(self, *, ended_kept: int = ENDED_KEPT) -> None:
+    def __init__(self, *, ended_kept: int = ENDED_KEPT, report_keep: float = LEASE_GRACE) -> None:
         """`ended_kept`: at most this many ended leases are kept for late reports (the oldest ended go
-        first), each for at most LEASE_GRACE seconds; running leases are always kept."""
+        first), each for at most LEASE_GRACE seconds; running leases are always kept. `report_keep`: how
+        long who held which proxy and the `error` votes are kept (the longest window a report looks back:
+        each (client, proxy) pair a lease ended on is one entry)."""
         self._lock = threading.Lock()
         self._lru = HandOutOrder()
         self._resume: dict[tuple[str, str], _Resume] = {}  # (client, target) -> where its walk resumes
@@ -96,6 +98,7 @@ class MemoryStore:
         self._running: deque[str] = deque()
         self._ended: deque[str] = deque()
         self._ended_kept = ended_kept
+        self._report_keep = report_keep
         self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
         self._last_candidates: Collection[str] | None = None
         self._next_sweep = 0.0
@@ -454,7 +457,7 @@ class MemoryStore:
             del self._sessions[pair]
         for pair in [p for p, r in self._resume.items() if r.until <= now or r.epoch != self._lru.epoch]:
             del self._resume[pair]
-        self._reports.sweep(now=now, keep=LEASE_GRACE)
+        self._reports.sweep(now=now, keep=self._report_keep)
         self._summaries.sweep(now=now)
         self._holdings.sweep(now=now)
         self._retire(now, budget=len(self._running))
