@@ -41,6 +41,7 @@ LEASE_GRACE = 3600.0
 ENDED_KEPT = 20_000
 LONG_LEASE = 120.0  # a running lease ending later than this is moved behind the ones taken after it
 RETIRE_STEP = 4  # entries of the running order looked at per lease taken
+STRIKES_KEEP = 7 * 86400.0  # a penalty's strikes are forgotten this long after it ended (as in RedisStore)
 RESUME_AFTER = 16  # a walk remembers an ineligible run at the front once it is this long
 NO_PENALTY = (0.0, 0)
 INFINITY = float("inf")
@@ -458,6 +459,11 @@ class MemoryStore:
         for pair in [p for p, r in self._resume.items() if r.until <= now or r.epoch != self._lru.epoch]:
             del self._resume[pair]
         self._reports.sweep(now=now, keep=self._report_keep)
+        for target, per_target in list(self._penalty.items()):  # strikes are forgotten as Redis's expire
+            for proxy in [p for p, (until, _) in per_target.items() if until + STRIKES_KEEP <= now]:
+                del per_target[proxy]
+            if not per_target:
+                del self._penalty[target]
         self._summaries.sweep(now=now)
         self._holdings.sweep(now=now)
         self._retire(now, budget=len(self._running))

@@ -141,3 +141,20 @@ def test_who_held_a_proxy_is_kept_for_the_report_window_not_the_hour() -> None:
     assert asyncio.run(store.last_held(client="c", proxy=lease.proxy)) == end
     take(store, at=end + 600 + SWEEP_EVERY, ttl=1, client="other")
     assert asyncio.run(store.last_held(client="c", proxy=lease.proxy)) is None
+
+
+def test_a_penalty_and_its_strikes_are_forgotten_a_week_after_it_ended() -> None:
+    """As the Redis store's strikes expire: every (target, proxy) ever banned was kept for good."""
+    store = MemoryStore()
+    ban = asyncio.run(store.penalise(proxy="ns/p1", target="t", now=NOW, base=10, cap=60, fraction=1.0))
+    assert ban is not None
+    week = 7 * 86400
+    take(store, at=ban.until + week - 1, ttl=1)
+    assert asyncio.run(store.penalise(proxy="ns/p1", target="t", now=ban.until + week - 1, base=10, cap=60,
+                                      fraction=1.0)).strikes == 2  # fmt: skip
+    again = ban.until + week - 1 + 60  # the second penalty ends within a minute of that
+    take(store, at=again + week + SWEEP_EVERY, ttl=1)
+    later = again + week + SWEEP_EVERY
+    fresh = asyncio.run(store.penalise(proxy="ns/p1", target="t", now=later, base=10, cap=60, fraction=1.0))
+    assert fresh is not None
+    assert fresh.strikes == 1  # its strikes forgotten
