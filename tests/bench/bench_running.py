@@ -84,6 +84,7 @@ READY_WITHIN = float(os.environ.get("BENCH_READY_WITHIN", "2400"))
 ECHO = os.environ.get("BENCH_ECHO", "own")
 GOAL_MIB = 128
 FIRST_PORT = 20000  # below the ephemeral range (32768-60999 here): no outgoing connection holds one
+EPHEMERAL_LOW = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
 
 
 def entries(tmp: Path) -> list[dict[str, Any]]:
@@ -250,10 +251,16 @@ def _create(kube: KubeApi, api: ApiClient) -> float:
 
 def _ports(count: int) -> list[int]:
     """`count` ports from FIRST_PORT up that nothing listens on now (etcd and kube-apiserver took theirs
-    from the tests' range below the ephemeral one: a proxy given one of them never comes up)."""
+    from the tests' range below the ephemeral one: a proxy given one of them never comes up). Checked with
+    SO_REUSEADDR, as the listeners bind: a port whose connections of an earlier run wait in TIME_WAIT is
+    free to them (without it, a run right after another skipped thousands and went into the ephemeral
+    range, where the probes' own connections took some first: `address already in use` on a create)."""
     found, port = [], FIRST_PORT
     while len(found) < count:
+        if port >= EPHEMERAL_LOW:
+            raise SystemExit(f"only {len(found)} free ports between {FIRST_PORT} and {EPHEMERAL_LOW}")
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", port))
                 found.append(port)
