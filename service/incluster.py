@@ -236,6 +236,7 @@ class ClusterMode:
             before_operation=self._before_operation,
         )
         self.source.set_writes(True)
+        self.followed.mark_all()  # the term's end judges everything again: no mark kept meanwhile
         self.source.replay()  # the new term's controller learns everything from the start
         self.status_writer.begin_term()
         self._seed_health()

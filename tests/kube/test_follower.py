@@ -300,3 +300,21 @@ def test_a_follower_serves_without_importing_the_engine_sdk(
     assert found["terms"] == 0, "it led: the Lease was not held"
     assert found["served"] == [f"{follower.namespace}/p1"], "not a working follower"
     assert found["loaded"] == [], f"a follower's import set regained {found['loaded']}"
+
+
+def test_a_leader_keeps_no_marks_and_its_term_s_end_judges_the_changes_anyway(follower: Follower) -> None:
+    """While a whole pass is due (a leader's term asks for one at its start and its end), a change is not
+    kept as a mark (10,000 keys on a leader that never applies them); the pass judges it all the same."""
+    follower.create("m")
+    follower.write_status("m", port=20050)
+    follower.settle(lambda: follower.port("m") == 20050, what="m served")
+    follower.followed.mark_all()  # a term starts
+    follower.write_status("m", port=20051)
+    key = f"{follower.namespace}/m"
+    deadline = time.monotonic() + WAIT
+    while (_watched_address(follower, key) or {}).get("port") != 20051:
+        assert time.monotonic() < deadline, "the status was not watched"
+        time.sleep(0.05)
+    assert not follower.followed._pending  # the watch's mark was not kept
+    follower.followed.mark_all()  # the term ends
+    follower.settle(lambda: follower.port("m") == 20051, what="m at its new port")
