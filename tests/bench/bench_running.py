@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -331,6 +332,7 @@ def _until_ready(svc: Service, api: ApiClient) -> float:
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="pr-"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a stopped bench stops its listeners too
     try:
         run(tmp)
     finally:
