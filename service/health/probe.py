@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import ssl
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,7 +98,8 @@ class ProxyProber:
         finally:
             if connection is not None:
                 await connection.close()
-        return ProbeResult(True, "ok", self._clock() - start, egress_ip=ip)
+        egress = sys.intern(ip) if ip else ip  # a fleet behind one NAT shares one string
+        return ProbeResult(True, "ok", self._clock() - start, egress_ip=egress)
 
     async def _probe(self, endpoint: ProxyEndpoint, connection: ProbeConnection) -> str | None:
         if endpoint.protocol == "socks5":

@@ -199,9 +199,13 @@ def parse(data: dict[str, str]) -> Credentials | None:
             host=sys.intern(fields["host"]),
             port=int(fields["port"]),
             protocol=sys.intern(fields.get("protocol") or "http"),
-            username=fields.get("username"),
-            password=fields.get("password"),
+            username=_interned(fields.get("username")),  # the inventory's endpoint holds the same
+            password=_interned(fields.get("password")),
             control=shared_control(fields.get("control")),
         )
     except (KeyError, ValueError, binascii.Error, UnicodeDecodeError):
         return None
+
+
+def _interned(value: str | None) -> str | None:
+    return sys.intern(value) if value is not None else None

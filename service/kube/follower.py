@@ -17,6 +17,7 @@ found nothing left and the first list is in.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -70,9 +71,12 @@ class FollowedInventory:
                 self._pending.add(key)
 
     def mark_all(self) -> None:
-        """Judge every watched Proxy and every key of the inventory again at the next `apply`."""
+        """Judge every watched Proxy and every key of the inventory again at the next `apply` (which takes
+        every key again: what was pending is dropped)."""
         with self._lock:
             self._whole = True
+            self._pending.clear()
+            self._pass.clear()
 
     @property
     def pending(self) -> bool:
@@ -140,6 +144,6 @@ class FollowedInventory:
         endpoint = endpoint_of(proxy, stack=status.get("stack"), out=out, creds=creds)
         conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
         healthy = conditions.get(ConditionType.HEALTHY) == "True"
-        egress = str(status["egressIP"]) if status.get("egressIP") else None
+        egress = sys.intern(str(status["egressIP"])) if status.get("egressIP") else None
         state = HealthState.healthy if healthy else HealthState.unhealthy
         return endpoint, Health(state=state, egress_ip=egress)

@@ -273,7 +273,7 @@ def proxy_object(raw: Obj) -> ProxyObject:
     body_meta = {k: v for k, v in meta.items() if k not in ("resourceVersion", "finalizers")}
     return ProxyObject(
         namespace=meta.get("namespace") or "default",
-        name=meta["name"],
+        name=sys.intern(meta["name"]),  # the inventory's endpoint holds the same string
         uid=meta.get("uid") or "",
         generation=int(meta.get("generation") or 0),
         resource_version=str(meta.get("resourceVersion") or ""),

@@ -308,7 +308,9 @@ def test_a_leader_keeps_no_marks_and_its_term_s_end_judges_the_changes_anyway(fo
     follower.create("m")
     follower.write_status("m", port=20050)
     follower.settle(lambda: follower.port("m") == 20050, what="m served")
+    follower.followed.mark("unrelated")  # pending from before the term
     follower.followed.mark_all()  # a term starts
+    assert not follower.followed._pending  # the term's end takes every key again
     follower.write_status("m", port=20051)
     key = f"{follower.namespace}/m"
     deadline = time.monotonic() + WAIT
