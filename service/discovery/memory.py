@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import deque
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
 from service.discovery.handout_order import HandOutOrder
+from service.discovery.lease_book import BANNED, ENDED_KEPT, LEASE_GRACE, LeaseBook, keep
 from service.discovery.report_book import ReportBook
 from service.discovery.report_summary import ReportEntry, ReportSummaries
 from service.discovery.store import (
@@ -31,41 +31,11 @@ from service.discovery.store import (
     Penalty,
 )
 
-# Expired entries are swept at most this often (store-clock seconds); leases stay readable this long
-# after expiry, so late reports still find them.
-SWEEP_EVERY = 60.0
-LEASE_GRACE = 3600.0
-# Ended leases kept for late reports beyond the hour's bound: at 500 leases a second an hour of them was
-# 1.8 million records (about 370 bytes each in this store). A report on one forgotten gets 404 with the
-# advice to report by proxy and target, which holds for report_window_seconds whatever this bound.
-ENDED_KEPT = 20_000
-LONG_LEASE = 120.0  # a running lease ending later than this is moved behind the ones taken after it
-RETIRE_STEP = 4  # entries of the running order looked at per lease taken
+SWEEP_EVERY = 60.0  # expired entries are swept at most this often (store-clock seconds)
 STRIKES_KEEP = 7 * 86400.0  # a penalty's strikes are forgotten this long after it ended (as in RedisStore)
 RESUME_AFTER = 16  # a walk remembers an ineligible run at the front once it is this long
 NO_PENALTY = (0.0, 0)
 INFINITY = float("inf")
-
-
-# A lease as kept: (client, target, proxy, handed_at, expires_at, released, banned). The garbage collector
-# stops tracking a tuple of atoms, so an hour of leases kept for late reports does not lengthen its pauses.
-_Kept = tuple[str, str, str, float, float, bool, bool]
-
-
-def _keep(lease: LeaseRecord) -> _Kept:
-    return (
-        lease.client,
-        lease.target,
-        lease.proxy,
-        lease.handed_at,
-        lease.expires_at,
-        lease.released,
-        lease.banned,
-    )
-
-
-def _record(lease_id: str, kept: _Kept) -> LeaseRecord:
-    return LeaseRecord(lease_id, *kept)
 
 
 @dataclass(frozen=True)
@@ -84,21 +54,16 @@ class _Resume:
 class MemoryStore:
     def __init__(self, *, ended_kept: int = ENDED_KEPT, report_keep: float = LEASE_GRACE) -> None:
         """`ended_kept`: at most this many ended leases are kept for late reports (the oldest ended go
-        first), each for at most LEASE_GRACE seconds; running leases are always kept. `report_keep`: how
-        long who held which proxy and the `error` votes are kept (the longest window a report looks back:
-        each (client, proxy) pair a lease ended on is one entry)."""
+        first), each for at most LEASE_GRACE seconds; running leases are always kept (lease_book.py).
+        `report_keep`: how long who held which proxy and the `error` votes are kept (the longest window a
+        report looks back: each (client, proxy) pair a lease ended on is one entry)."""
         self._lock = threading.Lock()
         self._lru = HandOutOrder()
         self._resume: dict[tuple[str, str], _Resume] = {}  # (client, target) -> where its walk resumes
         self._forgiven: dict[str, int] = {}  # target -> good reports that removed a penalty
         self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
         self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
-        self._leases: dict[str, _Kept] = {}
-        # lease ids in the order they were taken (running, or ended and not noticed yet), then in the order
-        # their end was noticed: a lease's record goes when it leaves `_ended`
-        self._running: deque[str] = deque()
-        self._ended: deque[str] = deque()
-        self._ended_kept = ended_kept
+        self._leases = LeaseBook(ended_kept=ended_kept)
         self._report_keep = report_keep
         self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
         self._last_candidates: Collection[str] | None = None
@@ -263,33 +228,8 @@ class MemoryStore:
             handed_at=now,
             expires_at=now + request.ttl,
         )
-        self._leases[lease_id] = _keep(lease)
-        self._running.append(lease_id)
-        self._retire(now, budget=RETIRE_STEP)
+        self._leases.taken(lease, now=now)
         return lease
-
-    def _retire(self, now: float, *, budget: int) -> None:
-        """Note the end of leases at the front of the running order (at most `budget` looked at), then forget
-        ended leases past the bound or ended over LEASE_GRACE ago."""
-        running, ended, leases = self._running, self._ended, self._leases
-        while running and budget > 0:
-            budget -= 1
-            kept = leases.get(running[0])
-            if kept is None or kept[5]:  # forgotten, or released (noted as ended at its release)
-                running.popleft()
-            elif kept[4] <= now:
-                ended.append(running.popleft())
-            elif kept[4] > now + LONG_LEASE:  # long or renewed: it must not hold back the ones behind it
-                running.rotate(-1)
-            else:
-                break
-        while ended:
-            kept = leases.get(ended[0])
-            if kept is not None and len(ended) <= self._ended_kept and kept[4] + LEASE_GRACE > now:
-                break
-            lease_id = ended.popleft()
-            if kept is not None:
-                del leases[lease_id]
 
     def _order(self, candidates: Collection[str], *, walk: bool, start: int) -> Iterable[tuple[int, str]]:
         """(position, candidate), least recently used first: walk the LRU for big sets, sort small ones (a
@@ -310,8 +250,7 @@ class MemoryStore:
         return self._get(lease_id)
 
     def _get(self, lease_id: str) -> LeaseRecord | None:
-        kept = self._leases.get(lease_id)
-        return _record(lease_id, kept) if kept is not None else None
+        return self._leases.record(lease_id)
 
     async def release(self, lease_id: str, *, now: float, cooldown: float) -> LeaseRecord | None:
         with self._lock:
@@ -323,8 +262,7 @@ class MemoryStore:
                 held[lease.proxy] = max(lease.handed_at + cooldown, now)
                 self._resume.pop((lease.client, lease.target), None)
             released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
-            self._leases[lease_id] = _keep(released)
-            self._ended.append(lease_id)
+            self._leases.released(released)
             self._holdings.moved(lease.client, lease_id, end=now)
             return released
 
@@ -341,7 +279,7 @@ class MemoryStore:
                 self._resume.pop((lease.client, lease.target), None)
             renewed = LeaseRecord(**{**lease.__dict__, "expires_at": until})
             self._reports.held(client=lease.client, proxy=lease.proxy, until=until)
-            self._leases[lease_id] = _keep(renewed)
+            self._leases.put(lease_id, keep(renewed))
             self._holdings.moved(lease.client, lease_id, end=until)
             return renewed
 
@@ -360,9 +298,9 @@ class MemoryStore:
             reporter = None
             if lease_id is not None:
                 kept = self._leases.get(lease_id)
-                if kept is None or kept[6]:
+                if kept is None or kept[BANNED]:
                     return None  # counted once already (a retried report), or gone
-                self._leases[lease_id] = (*kept[:6], True)
+                self._leases.put(lease_id, (*kept[:6], True))
                 reporter = kept[0]
             per_target = self._penalty.setdefault(target, {})
             until, strikes = per_target.get(proxy, (0.0, 0))
@@ -436,8 +374,7 @@ class MemoryStore:
     def kept_leases(self, *, now: float) -> tuple[int, int]:
         """(leases running at `now`, ended leases still kept for late reports)."""
         with self._lock:
-            live = sum(1 for kept in self._leases.values() if kept[4] > now)
-            return live, len(self._leases) - live
+            return self._leases.counts(now=now)
 
     async def ping(self) -> bool:
         return True
@@ -466,4 +403,4 @@ class MemoryStore:
                 del self._penalty[target]
         self._summaries.sweep(now=now)
         self._holdings.sweep(now=now)
-        self._retire(now, budget=len(self._running))
+        self._leases.sweep(now)

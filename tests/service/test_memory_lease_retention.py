@@ -1,4 +1,5 @@
-"""service/discovery/memory.py: what the memory store keeps of leases, and for how long (issue 20).
+"""service/discovery/memory.py and lease_book.py: what the memory store keeps of leases, and for how long
+(issue 20).
 
 A running lease is always kept. An ended one (expired or released) is kept for late reports by lease id
 for at most LEASE_GRACE seconds and only while it is among the `ended_kept` latest ended: before, every
@@ -13,7 +14,8 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.discovery.memory import LEASE_GRACE, SWEEP_EVERY, MemoryStore
+from service.discovery.lease_book import LEASE_GRACE
+from service.discovery.memory import SWEEP_EVERY, MemoryStore
 from service.discovery.store import AcquireRequest, LeaseRecord
 
 NOW = 1_800_000_000.0
@@ -150,8 +152,11 @@ def test_a_penalty_and_its_strikes_are_forgotten_a_week_after_it_ended() -> None
     assert ban is not None
     week = 7 * 86400
     take(store, at=ban.until + week - 1, ttl=1)
-    assert asyncio.run(store.penalise(proxy="ns/p1", target="t", now=ban.until + week - 1, base=10, cap=60,
-                                      fraction=1.0)).strikes == 2  # fmt: skip
+    second = asyncio.run(
+        store.penalise(proxy="ns/p1", target="t", now=ban.until + week - 1, base=10, cap=60, fraction=1.0)
+    )
+    assert second is not None
+    assert second.strikes == 2
     again = ban.until + week - 1 + 60  # the second penalty ends within a minute of that
     take(store, at=again + week + SWEEP_EVERY, ttl=1)
     later = again + week + SWEEP_EVERY

@@ -31,4 +31,4 @@ def test_serve_gives_the_memory_store_its_bounds() -> None:
     discovery = DiscoverySettings(ended_leases_kept=7, report_window_seconds=900, error_window_seconds=60)
     store = _store(OperatorSettings(discovery=discovery))
     assert isinstance(store, MemoryStore)
-    assert (store._ended_kept, store._report_keep) == (7, 900)
+    assert (store._leases.ended_kept, store._report_keep) == (7, 900)
