@@ -41,6 +41,7 @@ from automation.engine.events import UNCHANGING, EventLogger
 from automation.engine.locks import LockRecovery
 from automation.engine.results import OperationResult, PreviewStep, StackInfo, steps_from_events
 from automation.engine.runner import Runner
+from automation.engine.scratch import make as operation_folder
 from automation.engine.state_edit import remove_components
 from automation.engine.term import Term
 from automation.engine.workdir import write_project_file
@@ -278,19 +279,20 @@ class Engine:
         events = EventLogger(stack=name, operation=kind, keep=kind.startswith("preview"))
         started = time.monotonic()
         # The CLI and its plugins keep their temporary files in a folder of this operation, removed when it
-        # ends: the Kubernetes plugin writes a kubeconfig given as content (a kubeconfigSecret's) to
-        # $TMPDIR at each start and never removes it (docs/security.md). The proxies a `local` stack
-        # starts have an environment of their own (no TMPDIR).
-        scratch = tempfile.mkdtemp(prefix="proxy-operator-op-")
+        # ends (and by a later process when this one was killed first: scratch.py): the Kubernetes plugin
+        # writes a kubeconfig given as content (a kubeconfigSecret's) to $TMPDIR at each start and never
+        # removes it (docs/security.md). The proxies a `local` stack starts have an environment of their
+        # own (no TMPDIR).
+        scratch_folder = operation_folder()
         try:
-            workspace = self._workspace(name, {**(env or {}), "TMPDIR": scratch})
+            workspace = self._workspace(name, {**(env or {}), "TMPDIR": scratch_folder})
             select = self._create_or_select if create else auto.Stack.select
             stack = select(name, workspace)
             yield stack, events
         except auto.errors.CommandError as exc:
             raise translate(exc, stack=name) from exc
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            shutil.rmtree(scratch_folder, ignore_errors=True)
             log.debug("%s %s took %.1fs", kind, name, time.monotonic() - started)
 
     def _create_or_select(self, name: str, workspace: auto.LocalWorkspace) -> auto.Stack:
