@@ -7,6 +7,7 @@ and the event loop can share it. Reads return immutable values or copies, never 
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,12 @@ class HealthState(StrEnum):
 
 
 NO_LABELS: Mapping[str, str] = MappingProxyType({})  # one shared value for the many proxies with no labels
+
+
+def interned(value: str | None) -> str | None:
+    """One string object per value across the fleet: what an endpoint holds and other copies of the same
+    value (the credentials Secrets', the watched copy's) share it (issue 20)."""
+    return sys.intern(value) if type(value) is str else value  # anything else (None) as it is
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from typing import Any
 from automation.engine import OperationResult, PreviewStep
 from automation.planner import Planner, StackPlan
 from automation.queue_state import QueueState, StackQueueState
-from service.inventory import NO_LABELS, Inventory, ProxyEndpoint
+from service.inventory import NO_LABELS, Inventory, ProxyEndpoint, interned
 from service.sources.contract import Hold, Source, SourceChange
 from service.status import StatusBoard
 from stacks.forward_proxy.channel import TCP_SCHEME
@@ -296,16 +296,12 @@ def endpoint_of(
         protocol=sys.intern(str(out.get("protocol") or proxy.spec.protocol)),
         host=sys.intern(str(out["host"])),
         port=int(out["port"]),
-        username=_interned(creds.get("username")),
-        password=_interned(creds.get("password")),
+        username=interned(creds.get("username")),
+        password=interned(creds.get("password")),
         stack=sys.intern(stack) if stack is not None else None,
-        control=_interned(control),  # where lease users are pushed (docs/security.md)
+        control=interned(control),  # where lease users are pushed (docs/security.md)
         instance_id=sys.intern(str(out["instanceId"])) if out.get("instanceId") else None,
         # The local program exports the key on every endpoint (a socket path, None without credentials);
         # proxy pods only with a channel, always `tcp://` (stacks/programs/kube_control.py).
         local="control" in out and not str(control).startswith(TCP_SCHEME),
     )
-
-
-def _interned(value: Any) -> Any:
-    return sys.intern(value) if type(value) is str else value

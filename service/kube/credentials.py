@@ -19,6 +19,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from service.inventory import interned
 from service.kube.client import request_json
 from service.kube.refs import ProxyRef
 from service.kube.watch import Obj, Watcher
@@ -199,13 +200,9 @@ def parse(data: dict[str, str]) -> Credentials | None:
             host=sys.intern(fields["host"]),
             port=int(fields["port"]),
             protocol=sys.intern(fields.get("protocol") or "http"),
-            username=_interned(fields.get("username")),  # the inventory's endpoint holds the same
-            password=_interned(fields.get("password")),
+            username=interned(fields.get("username")),  # the inventory's endpoint holds the same
+            password=interned(fields.get("password")),
             control=shared_control(fields.get("control")),
         )
     except (KeyError, ValueError, binascii.Error, UnicodeDecodeError):
         return None
-
-
-def _interned(value: str | None) -> str | None:
-    return sys.intern(value) if value is not None else None
