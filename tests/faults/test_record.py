@@ -148,12 +148,18 @@ def test_a_killed_wrapper_takes_its_cli_along_and_the_monitor_ends_the_call(tmp_
     wrapper = install_wrapper(tmp_path / "wrap", log, real, sys.executable)
     record = Record(log)
     record.start()
+    process: subprocess.Popen[bytes] | None = None
     try:
         process = subprocess.Popen([str(wrapper), "destroy", "30"], cwd=tmp_path)
         deadline = time.monotonic() + 10
         while not record.running("destroy") and time.monotonic() < deadline:
             time.sleep(0.05)
-        children = Path(f"/proc/{process.pid}/task/{process.pid}/children").read_text().split()
+        # the wrapper writes its start line before it starts the real CLI: wait for the child too
+        children_file = Path(f"/proc/{process.pid}/task/{process.pid}/children")
+        children = children_file.read_text().split()
+        while not children and time.monotonic() < deadline:
+            time.sleep(0.05)
+            children = children_file.read_text().split()
         assert len(children) == 1
         process.send_signal(signal.SIGKILL)
         process.wait(5)
@@ -168,4 +174,7 @@ def test_a_killed_wrapper_takes_its_cli_along_and_the_monitor_ends_the_call(tmp_
             time.sleep(0.05)
         assert not pid_alive(int(children[0])), "the real CLI outlived its wrapper"
     finally:
+        if process is not None and process.poll() is None:  # failed before the kill: leave no wrapper running
+            process.kill()
+            process.wait(5)
         record.stop()
