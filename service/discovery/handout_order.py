@@ -5,11 +5,15 @@ handing a proxy out appends it and leaves a hole where it was, so the positions 
 Walks jump over runs of holes (each hole points further on, and the pointers are shortened as they are
 followed), so holes piling up behind proxies that are never handed out (banned everywhere) cost nothing. The
 list is compacted when it holds as many holes as proxies; `epoch` changes whenever positions do (compaction,
-new proxies), so a remembered position is only used in the epoch it was taken in.
+new proxies). A position remembered in the epoch before a compaction is carried over (`carried`): the keys
+keep their order, so it maps to the last key at or before it. New proxies go first and change the order
+itself: a position from before them is not carried.
 """
 
 from __future__ import annotations
 
+from array import array
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator
 
 COMPACT_SLACK = 1024  # holes allowed beyond one per proxy before the list is compacted
@@ -21,6 +25,7 @@ class HandOutOrder:
         self._jump: list[int] = []  # for a hole: a position after it, at or before the next proxy
         self._position: dict[str, int] = {}
         self.epoch = 0
+        self._before: array[int] | None = None  # after a compaction: each position's position before it
 
     def __len__(self) -> int:
         return len(self._position)
@@ -37,6 +42,7 @@ class HandOutOrder:
         new = sorted(key for key in keys if key not in self._position)
         if new:
             self._rebuild([*new, *(key for key in self._slots if key is not None)])
+            self._before = None
 
     def touch(self, key: str) -> None:
         """`key` was just handed out: it becomes the most recently used."""
@@ -47,7 +53,20 @@ class HandOutOrder:
         self._slots.append(key)
         self._jump.append(len(self._jump))
         if len(self._slots) > 2 * len(self._position) + COMPACT_SLACK:
-            self._rebuild([key for key in self._slots if key is not None])
+            kept = [key for key in self._slots if key is not None]
+            before = array("q", (self._position[key] for key in kept))  # ascending: the order is kept
+            self._rebuild(kept)
+            self._before = before
+
+    def carried(self, position: int, epoch: int) -> int | None:
+        """Where the walk from the key at `position`, remembered in `epoch`, goes on now: the position of the
+        last key at or before it (-1: none); None when the order changed otherwise (new proxies went first)
+        or more than one compaction ago. Keys handed out since only moved to the end, after it."""
+        if epoch == self.epoch:
+            return position
+        if epoch == self.epoch - 1 and self._before is not None:
+            return bisect_right(self._before, position) - 1
+        return None
 
     def walk(self, start: int = 0) -> Iterator[tuple[int, str]]:
         """(position, key) from `start` on, least recently used first."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
 from service.discovery.handout_order import HandOutOrder
@@ -40,9 +40,10 @@ INFINITY = float("inf")
 
 @dataclass(frozen=True)
 class _Resume:
-    """Every candidate before `position` in the walk of this order is ineligible for its client and target
-    until `until`, as long as the candidates and the order's epoch are the same and no good report forgave
-    a penalty for the target since (`forgiven`)."""
+    """Every candidate up to `position` in the walk of this order is ineligible for its client and target
+    until `until`, as long as the candidates are the same, the order's positions are the same or carried
+    over a compaction (`HandOutOrder.carried`) and no good report forgave a penalty for the target since
+    (`forgiven`)."""
 
     candidates: Collection[str]
     epoch: int
@@ -201,11 +202,15 @@ class MemoryStore:
         if (
             resume is None
             or resume.candidates is not candidates
-            or resume.epoch != self._lru.epoch
             or resume.until <= now
             or resume.forgiven != self._forgiven.get(pair[1], 0)
         ):
             return None
+        if resume.epoch != self._lru.epoch:  # a compaction since: the same run, at its new positions
+            position = self._lru.carried(resume.position, resume.epoch)
+            if position is None:
+                return None
+            resume = self._resume[pair] = replace(resume, epoch=self._lru.epoch, position=position)
         return resume
 
     def _remember(
@@ -393,8 +398,10 @@ class MemoryStore:
                 del self._hold[pair]
         for pair in [p for p, (_, until) in self._sessions.items() if until <= now]:
             del self._sessions[pair]
-        for pair in [p for p, r in self._resume.items() if r.until <= now or r.epoch != self._lru.epoch]:
-            del self._resume[pair]
+        lru = self._lru
+        for pair, r in list(self._resume.items()):
+            if r.until <= now or lru.carried(r.position, r.epoch) is None:
+                del self._resume[pair]
         self._reports.sweep(now=now, keep=self._report_keep)
         for target, per_target in list(self._penalty.items()):  # strikes are forgotten as Redis's expire
             for proxy in [p for p, (until, _) in per_target.items() if until + STRIKES_KEEP <= now]:

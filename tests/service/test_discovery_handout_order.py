@@ -3,6 +3,11 @@ compactions, and walks that jump over the holes hand-outs leave."""
 
 from __future__ import annotations
 
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from service.discovery import handout_order
 from service.discovery.handout_order import HandOutOrder
 
@@ -45,3 +50,64 @@ def test_walks_jump_over_the_holes_behind_a_key_never_handed_out() -> None:
     assert _keys(order)[:3] == ["a-banned", "k499", "k000"]
     assert _keys(order, 1)[0] == "k499"
     assert order._jump[1] == order.position("k499")  # the path was shortened to one step
+
+
+def test_a_position_is_carried_over_one_compaction_and_not_over_new_keys() -> None:
+    order = HandOutOrder()
+    order.learn([f"k{i:03d}" for i in range(100)])
+    epoch, at = order.epoch, order.position("k050")
+    assert order.carried(at, epoch) == at
+    for i in range(40):
+        order.touch(f"k{i:03d}")  # holes at 0-39; k000-k039 go to the end
+    order.touch("k050")  # the remembered key itself leaves its place: k049 is the last before it
+    while order.epoch == epoch:
+        order.touch("k099")
+    now = order.carried(at, epoch)
+    assert now is not None
+    assert _keys(order, now + 1)[:3] == ["k051", "k052", "k053"]  # the walk goes on right after the run
+    assert _keys(order)[now] == "k049"
+    assert order.carried(0, epoch) == -1  # a hole before every kept key: the walk starts at the front
+    second = order.epoch
+    order.learn(["a-new"])  # new keys go first: no position from before them is carried
+    assert order.carried(now, second) is None
+    assert order.carried(at, epoch) is None
+
+
+def test_a_position_is_not_carried_over_two_compactions() -> None:
+    order = HandOutOrder()
+    order.learn([f"k{i:03d}" for i in range(10)])
+    epoch = order.epoch
+    while order.epoch < epoch + 2:
+        order.touch("k009")
+    assert order.carried(5, epoch) is None
+    assert order.carried(5, epoch + 1) == 5  # one compaction ago: k005 has not moved
+    assert order.carried(5, epoch + 2) == 5
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=st.lists(st.integers(0, 19), max_size=30),
+    since=st.lists(st.integers(0, 19), min_size=20, max_size=60),
+    remembered=st.integers(0, 19),
+)
+def test_a_carried_position_has_the_same_keys_at_or_before_it(
+    first: list[int], since: list[int], remembered: int
+) -> None:
+    """Whatever the hand-outs and compactions: the keys at or before a carried position are those that were
+    at or before it when it was taken, less the ones handed out since (they went to the end)."""
+    with mock.patch.object(handout_order, "COMPACT_SLACK", 3):  # a compaction every 24 hand-outs or so
+        order = HandOutOrder()
+        keys = [f"k{i:02d}" for i in range(20)]
+        order.learn(keys)
+        for i in first:
+            order.touch(keys[i])
+        position, epoch = order.position(keys[remembered]), order.epoch
+        before = {key for at, key in order.walk() if at <= position}
+        for i in since:
+            order.touch(keys[i])
+        now = order.carried(position, epoch)
+        if order.epoch - epoch > 1:
+            assert now is None
+            return
+        assert now is not None
+        assert {key for at, key in order.walk() if at <= now} == before - {keys[i] for i in since}

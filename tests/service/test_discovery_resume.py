@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -118,5 +119,42 @@ def test_the_memory_store_walks_a_banned_front_once(monkeypatch: pytest.MonkeyPa
         walked.clear()
         assert await _picks(store, "t", "bcd") == ["p101", "p102", "p103"]
         assert len(walked) == 3
+
+    _run(MemoryStore, scenario)
+
+
+def test_the_memory_store_walks_a_banned_front_once_across_a_compaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The order compacts after about a thousand hand-outs beyond its size; the run remembered before is
+    carried over (at 10,000 proxies with a banned front for each of 100 targets, walking it again after each
+    compaction was half the steps of a lease)."""
+    walked: list[int] = []
+    walk = HandOutOrder.walk
+
+    def counting(self: HandOutOrder, start: int = 0) -> Any:
+        for item in walk(self, start):
+            walked.append(item[0])
+            yield item
+
+    monkeypatch.setattr(HandOutOrder, "walk", counting)
+
+    async def scenario(store: Store) -> None:
+        assert isinstance(store, MemoryStore)
+        for key in BANNED:  # banned for the other target too: its hand-outs leave the front where it is
+            await store.penalise(proxy=key, target="u", now=NOW, base=1000, cap=1000, fraction=0.5)
+        assert await _picks(store, "t", "a") == ["p100"]
+        epoch = store._lru.epoch
+        tag = 0
+        while store._lru.epoch == epoch:  # hand-outs for the other target until the order compacts
+            tag += 1
+            request = replace(_request("u", tag=f"u{tag}"), ignore_cooldown=True)
+            got = await store.acquire(request, now=NOW + 1)
+            assert got.leases[0].proxy not in BANNED
+        walked.clear()
+        got = await store.acquire(_request("t", tag="b"), now=NOW + 2)
+        assert len(got.leases) == 1
+        assert got.leases[0].proxy not in BANNED
+        assert len(walked) < 10, walked[:5]  # not the hundred banned ones again
 
     _run(MemoryStore, scenario)
