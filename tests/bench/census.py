@@ -28,6 +28,7 @@ def census(path: str, *, top: int = 40) -> None:
     """Write the census to `path` (a text report)."""
     gc.collect()
     allocator = _mallocstats() + _mallinfo()  # before the census's own maps fill the allocators
+    allocator += _trim_probe()  # what glibc's free space would give back (the census's maps come after)
     tracked = gc.get_objects()
     owner: dict[int, object] = {}
     seen: dict[int, object] = {id(o): o for o in tracked}
@@ -124,6 +125,34 @@ def _mallinfo() -> str:
         f"glibc heap (mallinfo2, all arenas): {info.arena / mib:.1f} MiB in its heaps, "
         f"{info.uordblks / mib:.1f} MiB in use, {info.fordblks / mib:.1f} MiB free, "
         f"{info.hblkhd / mib:.1f} MiB in {info.hblks} mmapped blocks\n"
+    )
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/status") as file:
+        for line in file:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _trim_probe() -> str:
+    """RSS before and after glibc's `malloc_trim(0)`: how much of glibc's free space it hands back."""
+    try:
+        import ctypes
+        import time
+
+        libc = ctypes.CDLL("libc.so.6")
+        before = _rss_kib()
+        started = time.perf_counter()
+        libc.malloc_trim(0)
+        took = time.perf_counter() - started
+        after = _rss_kib()
+    except (OSError, AttributeError):
+        return "malloc_trim: not available\n"
+    return (
+        f"malloc_trim(0): RSS {before / 1024:.1f} -> {after / 1024:.1f} MiB in {took * 1000:.1f} ms; "
+        f"after it: {_mallinfo()}"
     )
 
 
