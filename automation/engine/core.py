@@ -171,8 +171,6 @@ class Engine:
 
         Returns the forgotten URNs per component name (empty lists where a component was not in state).
         """
-        from pulumi import automation as auto
-
         if not self.exists(name):
             return {component: [] for component in components}
         with self._operation(name, "forget", create=False) as (stack, _events):
@@ -182,7 +180,7 @@ class Engine:
                 deployment = stack.export_stack()
                 edited, forgotten = remove_components(dict(deployment.deployment or {}), components)
                 if any(forgotten.values()):
-                    stack.import_stack(auto.Deployment(version=deployment.version, deployment=edited))
+                    self._import_state(name, stack, {"version": deployment.version, "deployment": edited})
                 return forgotten
 
             # The import takes the stack's lock: a dead holder's lock is recovered as for an `up`.
@@ -260,15 +258,34 @@ class Engine:
         for every stack), its JSON output."""
         from pulumi import automation as auto
 
-        workspace = self._workspace(name)
-        home = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
         try:
-            result = self._command.run(
-                [*args, "--stack", name], workspace.work_dir, {**home, **workspace.env_vars}
-            )
+            result = self._run(self._workspace(name), [*args, "--stack", name])
         except auto.errors.CommandError as exc:
             raise translate(exc, stack=name) from exc
         return json.loads(result.stdout or "null")
+
+    def _run(self, workspace: auto.Workspace, args: list[str]) -> auto.CommandResult:
+        """One CLI call in the workspace, with the environment the SDK gives its own calls; the SDK's
+        errors (a ConcurrentUpdateError for a held lock among them) as it raises them."""
+        home = {"PULUMI_HOME": workspace.pulumi_home} if workspace.pulumi_home else {}
+        return self._command.run(args, workspace.work_dir, {**home, **workspace.env_vars})
+
+    def _import_state(self, name: str, stack: auto.Stack, state: dict[str, Any]) -> None:
+        """`stack import` as the SDK's `import_stack` runs it, but its file is written in the operation's
+        own folder (its TMPDIR, removed when the operation ends) and removed whatever the import did. The
+        SDK's file went to the system's temporary folder and stayed there when the import failed (a held
+        lock, a term that ended): the stack's whole state, its secrets decrypted (`export_stack` reads it
+        with `--show-secrets`)."""
+        workspace = stack.workspace
+        folder = workspace.env_vars.get("TMPDIR")
+        with tempfile.NamedTemporaryFile(
+            "w", dir=folder, prefix="state-", suffix=".json", delete=False
+        ) as file:
+            json.dump(state, file)
+        try:
+            self._run(workspace, ["stack", "import", "--file", file.name, "--stack", name])
+        finally:
+            Path(file.name).unlink(missing_ok=True)
 
     @contextmanager
     def _operation(

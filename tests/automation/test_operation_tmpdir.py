@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +72,39 @@ def test_an_operation_s_folder_names_its_process(pulumi_env: PulumiEnv, tmp_path
     with engine._operation("scratch", "up") as (stack, _events):
         name = Path(stack.workspace.env_vars["TMPDIR"]).name
     assert name.startswith(f"{scratch.PREFIX}{os.getpid()}-")
+
+
+def test_a_state_import_leaves_no_file_behind_even_when_it_fails(
+    pulumi_env: PulumiEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forget of a skip-cleanup deletion imports an edited state. The SDK's `import_stack` wrote that
+    state, its secrets decrypted, to the system's temporary folder and left it there when the import failed
+    (a held lock, a term that ended); the engine writes it in the operation's folder and removes it either
+    way. The real CLI on a file backend; the failure is a state the CLI refuses."""
+    from pulumi import automation as auto
+
+    system_tmp = tmp_path / "system-tmp"
+    system_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(system_tmp))  # where the SDK's file would go
+    engine = Engine(EngineConfig(backend_url=pulumi_env.backend_url, state_dir=tmp_path / "state"))
+    files: list[Path] = []
+    run = engine._run
+
+    def recording(workspace: Any, args: list[str]) -> Any:
+        if "import" in args:
+            files.append(Path(args[args.index("--file") + 1]))
+            assert files[-1].is_file()
+        return run(workspace, args)
+
+    monkeypatch.setattr(engine, "_run", recording)
+    with engine._operation("imports", "forget") as (stack, _events):
+        folder = Path(stack.workspace.env_vars["TMPDIR"])
+        exported = stack.export_stack()
+        engine._import_state(
+            "imports", stack, {"version": exported.version, "deployment": exported.deployment}
+        )
+        with pytest.raises(auto.errors.CommandError):
+            engine._import_state("imports", stack, {"version": 3, "deployment": {"resources": "not a list"}})
+        assert [file.parent for file in files] == [folder, folder]
+        assert not any(file.exists() for file in files), "a state file outlived its import"
+    assert list(system_tmp.iterdir()) == [], "something was left in the system's temporary folder"
