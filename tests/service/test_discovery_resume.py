@@ -102,17 +102,22 @@ def test_new_candidates_are_walked_from_the_front(store_factory: StoreFactory) -
     _run(store_factory, scenario)
 
 
-def test_the_memory_store_walks_a_banned_front_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    walked: list[int] = []
+@pytest.fixture
+def walked(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The positions the memory store's walks visit, in order (`HandOutOrder.walk`, counted)."""
+    seen: list[int] = []
     walk = HandOutOrder.walk
 
     def counting(self: HandOutOrder, start: int = 0) -> Any:
         for item in walk(self, start):
-            walked.append(item[0])
+            seen.append(item[0])
             yield item
 
     monkeypatch.setattr(HandOutOrder, "walk", counting)
+    return seen
 
+
+def test_the_memory_store_walks_a_banned_front_once(walked: list[int]) -> None:
     async def scenario(store: Store) -> None:
         assert await _picks(store, "t", "a") == ["p100"]
         assert len(walked) == 101
@@ -123,21 +128,10 @@ def test_the_memory_store_walks_a_banned_front_once(monkeypatch: pytest.MonkeyPa
     _run(MemoryStore, scenario)
 
 
-def test_the_memory_store_walks_a_banned_front_once_across_a_compaction(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_memory_store_walks_a_banned_front_once_across_a_compaction(walked: list[int]) -> None:
     """The order compacts after about a thousand hand-outs beyond its size; the run remembered before is
     carried over (at 10,000 proxies with a banned front for each of 100 targets, walking it again after each
     compaction was half the steps of a lease)."""
-    walked: list[int] = []
-    walk = HandOutOrder.walk
-
-    def counting(self: HandOutOrder, start: int = 0) -> Any:
-        for item in walk(self, start):
-            walked.append(item[0])
-            yield item
-
-    monkeypatch.setattr(HandOutOrder, "walk", counting)
 
     async def scenario(store: Store) -> None:
         assert isinstance(store, MemoryStore)
