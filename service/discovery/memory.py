@@ -208,7 +208,7 @@ class MemoryStore:
             return None
         if resume.epoch != self._lru.epoch:  # a compaction since: the same run, at its new positions
             position = self._lru.carried(resume.position, resume.epoch)
-            if position is None:
+            if position is None or position < 0:  # none of the run is left before the others: walk afresh
                 return None
             resume = self._resume[pair] = replace(resume, epoch=self._lru.epoch, position=position)
         return resume
