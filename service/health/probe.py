@@ -12,7 +12,6 @@ import asyncio
 import base64
 import json
 import ssl
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from urllib.parse import urlsplit
 from service.health.errors import ProbeFailed
 from service.health.probe_conn import ProbeConnection
 from service.health.socks5 import Socks5Error, socks5_connect
-from service.inventory import ProxyEndpoint
+from service.inventory import ProxyEndpoint, interned
 
 __all__ = ["MAX_RESPONSE", "ProbeFailed", "ProbeResult", "ProxyProber"]
 
@@ -98,8 +97,8 @@ class ProxyProber:
         finally:
             if connection is not None:
                 await connection.close()
-        egress = sys.intern(ip) if ip else ip  # a fleet behind one NAT shares one string
-        return ProbeResult(True, "ok", self._clock() - start, egress_ip=egress)
+        # a fleet behind one NAT shares one string
+        return ProbeResult(True, "ok", self._clock() - start, egress_ip=interned(ip))
 
     async def _probe(self, endpoint: ProxyEndpoint, connection: ProbeConnection) -> str | None:
         if endpoint.protocol == "socks5":

@@ -32,6 +32,8 @@ def test_a_probe_through_a_proxy_learns_its_egress_ip(
     result = _probe(ProxyProber(probe_url=echo_url, connect_timeout=10, timeout=20), proxy)  # a loaded CI box
     assert (result.ok, result.outcome, result.egress_ip) == (True, "ok", "127.0.0.1"), result.error
     assert result.latency_seconds > 0
+    again = _probe(ProxyProber(probe_url=echo_url, connect_timeout=10, timeout=20), proxy)
+    assert again.egress_ip is result.egress_ip  # one string for a fleet behind one address (issue 20)
 
 
 @pytest.mark.parametrize(
