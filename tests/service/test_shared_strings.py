@@ -1,7 +1,7 @@
 """Equal strings that 10,000 Proxies repeat are held once (issue 20: a census at 10,000 running proxies,
 tests/bench/census.py, found 5.4 MiB of equal strings held as separate objects): the endpoint's name, its
-credentials, a shared listener's instance id and control socket, the credentials Secret's parsed copy,
-the watched copy's name and the egress address."""
+credentials, a shared listener's instance id and control socket, the credentials Secret's parsed copy
+and the watched copy's name. The probe's egress address: tests/service/test_health_probe.py."""
 
 from __future__ import annotations
 
