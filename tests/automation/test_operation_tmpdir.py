@@ -48,21 +48,27 @@ def test_an_operation_has_a_temporary_folder_of_its_own_removed_at_its_end(
 
 def test_the_folders_of_killed_processes_are_swept_and_no_others(tmp_path: Path) -> None:
     """A process killed mid-operation cannot remove its folder (where a plugin may have left a kubeconfig):
-    the next process's first operation does. Real processes: one that ran and is gone, and this one."""
+    the next process's first operation does. Real processes: one that ran and is gone, and this one. A
+    folder named in another pid namespace (a temporary folder shared with another container) is not judged:
+    its pid means nothing here."""
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)  # fmt: skip
-    dead = tmp_path / f"{scratch.PREFIX}{gone.stdout.strip()}-abc123"
+    namespace = os.stat("/proc/self/ns/pid").st_ino
+    dead = tmp_path / f"{scratch.PREFIX}{namespace}-{gone.stdout.strip()}-abc123"
     dead.mkdir()
     (dead / "kubeconfig123").write_text("credentials a killed operation left")
-    live = tmp_path / f"{scratch.PREFIX}{os.getpid()}-def456"
+    live = tmp_path / f"{scratch.PREFIX}{namespace}-{os.getpid()}-def456"
     live.mkdir()
-    old_style = tmp_path / f"{scratch.PREFIX}x1y2z3"  # no pid in it: not ours to judge
+    elsewhere = tmp_path / f"{scratch.PREFIX}{namespace + 1}-{gone.stdout.strip()}-ghi789"
+    elsewhere.mkdir()
+    old_style = tmp_path / f"{scratch.PREFIX}{gone.stdout.strip()}-x1y2z3"  # no namespace: not ours to judge
     old_style.mkdir()
     other = tmp_path / "unrelated-123-x"
     other.mkdir()
     assert scratch.sweep(tmp_path) == [dead]
     assert not dead.exists()
     assert live.is_dir()
+    assert elsewhere.is_dir()
     assert old_style.is_dir()
     assert other.is_dir()
 
@@ -71,7 +77,7 @@ def test_an_operation_s_folder_names_its_process(pulumi_env: PulumiEnv, tmp_path
     engine = Engine(EngineConfig(backend_url=pulumi_env.backend_url, state_dir=tmp_path / "state"))
     with engine._operation("scratch", "up") as (stack, _events):
         name = Path(stack.workspace.env_vars["TMPDIR"]).name
-    assert name.startswith(f"{scratch.PREFIX}{os.getpid()}-")
+    assert name.startswith(f"{scratch.PREFIX}{os.stat('/proc/self/ns/pid').st_ino}-{os.getpid()}-")
 
 
 def test_a_state_import_leaves_no_file_behind_even_when_it_fails(
