@@ -305,7 +305,7 @@ class MemoryStore:
                 kept = self._leases.get(lease_id)
                 if kept is None or kept[BANNED]:
                     return None  # counted once already (a retried report), or gone
-                self._leases.put(lease_id, (*kept[:6], True))
+                self._leases.put(lease_id, (*kept[:BANNED], True))
                 reporter = kept[0]
             per_target = self._penalty.setdefault(target, {})
             until, strikes = per_target.get(proxy, (0.0, 0))
