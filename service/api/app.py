@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 from service.api.body_guard import BodyGuard
 from service.api.deps import ApiContext, DeletionGate, ReadyCheck, StackInspector
 from service.api.errors import install_error_handlers, responses
-from service.api.fast_lease import LeaseFastPath
+from service.api.fast_lease import LeaseFastPath, LeaseServingApp
 from service.api.metrics import ApiMetrics
 from service.api.middleware import RequestIdMiddleware
 from service.api.models import LeaseBody
@@ -66,11 +66,11 @@ def create_app(
     deletions: DeletionGate | None = None,
     lifespan: Any = None,
     body_exempt: Mapping[str, int] | None = None,
-) -> FastAPI:
+) -> LeaseServingApp:
     """Build the app. `registry` should be the one the health engine's metrics use, so /metrics shows both.
     `body_exempt`: POST paths that take a body without a token, each with its limit (the page's log in)."""
     registry = registry or CollectorRegistry()
-    app = FastAPI(
+    app = LeaseServingApp(
         title="proxy-operator discovery API",
         version="v1",
         description=DESCRIPTION,
@@ -96,8 +96,9 @@ def create_app(
     app.add_middleware(ClientPacing, pacer=pacer)  # after BodyGuard named the client, before any lease work
     app.add_middleware(BodyGuard, authenticator=authenticator, limit=limit, exempt=body_exempt)
     app.add_middleware(RequestIdMiddleware)
-    app.add_middleware(  # in front of them all: it does what they would (see fast_lease.py)
-        LeaseFastPath,
+    # in front of them all, FastAPI's own included: it does what they would (see fast_lease.py)
+    app.lease_fast_path = LeaseFastPath(
+        app.stack,
         context=app.state.context,
         router=leases.router,
         endpoint=leases.create_lease,

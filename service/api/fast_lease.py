@@ -2,16 +2,19 @@
 
 Profiled under load (docs/operations.md, "Bench"), FastAPI's walk over the included routers, its solving of
 the route's dependencies and its re-validation of the returned model cost more than the lease itself, and the
-middlewares in front of it (request id, body guard, pacing) another sixth of a lease. This plain-ASGI layer,
-the outermost of the app's own (inside Starlette's ServerErrorMiddleware only), serves the request that needs
-none of that: `POST /v1/leases`, no query string, a Content-Length within the body limit (no chunked body), a
-JSON body that validates, a bearer token with the `lease` scope. It does what the middlewares would do for
-it (the request id: `middleware.py`; the body guard's token check and limit: `body_guard.py`; the client's
-pacing: `pacing.py`, the same `Pacer`), calls the route's own function with the arguments FastAPI would pass
-and writes the same JSON. Any other request, including every one that ends in a 4xx before the route runs,
-goes to the middlewares and FastAPI with its body replayed, so those answers stay theirs. Errors the route
-raises go to the app's own exception handlers. tests/service/test_api_fast_lease.py holds both paths to the
-same bytes.
+middlewares in front of it (request id, body guard, pacing) another sixth of a lease. FastAPI's own outer
+layers (Starlette's ServerErrorMiddleware, FastAPI's body limit and telemetry wrappers) cost another 6 % of a
+lease in process (issue 20). This plain-ASGI layer sits in front of all of them (`LeaseServingApp.__call__`)
+and serves the request that needs none of that: `POST /v1/leases`, no query string, a Content-Length within
+the body limit (no chunked body), a JSON body that validates, a bearer token with the `lease` scope. It does
+what the middlewares would do for it (the request id: `middleware.py`; the body guard's token check and limit:
+`body_guard.py`; the client's pacing: `pacing.py`, the same `Pacer`), calls the route's own function with the
+arguments FastAPI would pass and writes the same JSON. Any other request, including every one that ends in a
+4xx before the route runs, goes to the middlewares and FastAPI with its body replayed, so those answers stay
+theirs. Errors the route raises go to the app's own exception handlers; one without a handler of its own gets
+the app's handler for `Exception` (a 500) and is raised again after it, as ServerErrorMiddleware does (the
+server logs it).
+tests/service/test_api_fast_lease.py holds both paths to the same bytes.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -56,6 +59,24 @@ def _plain(router: APIRouter, endpoint: Endpoint) -> bool:
 def _is_json(content_type: bytes) -> bool:
     """What FastAPI reads as JSON, narrowed to the plain spelling (others take FastAPI's path)."""
     return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
+class LeaseServingApp(FastAPI):
+    """The service's app: FastAPI, with the lease fast path (when set) in front of FastAPI's whole stack."""
+
+    lease_fast_path: LeaseFastPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fast = self.lease_fast_path
+        if fast is not None and scope["type"] == "http" and scope["path"] == PATH:
+            scope["app"] = self  # as Starlette sets it: the error handlers' requests reach the app
+            await fast(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def stack(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """FastAPI's own handling, whole: what the fast path hands every request it does not serve."""
+        await super().__call__(scope, receive, send)
 
 
 class LeaseFastPath:
@@ -159,9 +180,12 @@ class LeaseFastPath:
             else:
                 answer = await self._writer(**arguments)
         except Exception as exc:
-            response = await self._error_response(Request(scope, receive), exc)
+            response, again = await self._error_response(Request(scope, receive), exc)
             if response is None:
-                raise  # to the app's outermost handler (a 500), as from any route
+                raise  # no handler at all: the server answers 500
+            if again is not None:  # as ServerErrorMiddleware, outside the request id and pacing: sent as is
+                await response(scope, receive, send)
+                raise
         else:
             self._pacer.answered(name, 200, None)
             await _send_json(send, answer, id_header)
@@ -175,13 +199,18 @@ class LeaseFastPath:
 
         await response(scope, receive, answering)
 
-    async def _error_response(self, request: Request, exc: Exception) -> Response | None:
-        """What the app's exception handler for `exc` answers (as ExceptionMiddleware looks it up)."""
+    async def _error_response(
+        self, request: Request, exc: Exception
+    ) -> tuple[Response | None, Exception | None]:
+        """What the app's exception handler for `exc` answers (as ExceptionMiddleware looks it up), and the
+        exception to raise once it is sent: `exc` when only the handler for `Exception` took it, as
+        ServerErrorMiddleware raises it again after its 500 (so the server logs it)."""
         for cls in type(exc).__mro__:
-            if cls is not Exception and cls in self._handlers:
+            if cls in self._handlers:
                 answer = self._handlers[cls](request, exc)  # type: ignore[arg-type]  # HTTP, not WebSocket
-                return await answer if inspect.isawaitable(answer) else answer
-        return None
+                response = await answer if inspect.isawaitable(answer) else answer
+                return response, exc if cls is Exception else None
+        return None, None
 
 
 async def _send_json(send: Send, body: bytes, request_id: tuple[bytes, bytes]) -> None:

@@ -18,9 +18,9 @@ import pytest
 from fastapi import APIRouter, Depends, FastAPI
 
 from service.api import create_app, fast_lease, middleware
-from service.api.fast_lease import LeaseFastPath
+from service.api.fast_lease import LeaseFastPath, LeaseServingApp
 from service.api.models import LeaseBody
-from service.api.pacing import Pacer
+from service.api.pacing import ClientPacing, Pacer
 from service.api.routers import leases
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.discovery.memory import MemoryStore
@@ -33,7 +33,7 @@ TOKENS = {"lease": "t-lease", "report": "t-report"}
 JSON = {"Content-Type": "application/json"}
 
 
-def _app(*, fast: bool) -> FastAPI:
+def _app(*, fast: bool) -> LeaseServingApp:
     ids = itertools.count()
     inventory = healthy_inventory([f"p{i}" for i in range(3)])
     odd = [  # what JSON and URLs must escape, no pool, IPv6, SOCKS5, no credentials, no egress IP
@@ -61,7 +61,7 @@ def _app(*, fast: bool) -> FastAPI:
         inventory=discovery.inventory, discovery=discovery, authenticator=TokenAuthenticator(entries)
     )
     if not fast:
-        app.user_middleware = [m for m in app.user_middleware if m.cls is not LeaseFastPath]
+        app.lease_fast_path = None
     return app
 
 
@@ -213,7 +213,7 @@ def test_the_fast_path_turns_itself_off_when_the_route_changes() -> None:
 def test_a_lease_the_fast_path_serves_lifts_the_client_s_pacing() -> None:
     """As ClientPacing does for an answer that is not a refusal: the client's next request is not held."""
     app = _app(fast=True)
-    pacer = next(m.kwargs["pacer"] for m in app.user_middleware if m.cls is LeaseFastPath)
+    pacer: Pacer = next(m.kwargs["pacer"] for m in app.user_middleware if m.cls is ClientPacing)
     pacer.answered("client-lease", 422, None)  # refused once: its next request would wait a spacing
     assert pacer.paces("client-lease")
 
@@ -224,3 +224,36 @@ def test_a_lease_the_fast_path_serves_lifts_the_client_s_pacing() -> None:
 
     assert asyncio.run(lease()) == 200
     assert not pacer.paces("client-lease")
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "fastapi"])
+def test_an_unexpected_error_is_the_same_500_on_both_paths_and_reaches_the_server(
+    fast: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast path sits in front of Starlette's ServerErrorMiddleware, so it answers an error no handler of
+    its own takes as that middleware does: the app's handler for `Exception` (500 `internal_error`, the request
+    id in the body; no header, as that middleware is outside the one that adds it), then the error raised
+    again for the server to log."""
+    app = _app(fast=fast)
+    discovery = app.state.context.discovery
+
+    async def broken(query: Any) -> Any:
+        raise RuntimeError("a bug in the lease path")
+
+    monkeypatch.setattr(discovery, "lease", broken)
+
+    async def lease(*, raise_app_exceptions: bool) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=raise_app_exceptions)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post("/v1/leases", **_request({"target": "shop.example"}))
+
+    response = asyncio.run(lease(raise_app_exceptions=False))
+    assert response.status_code == 500
+    assert "x-request-id" not in response.headers
+    assert response.json() == {
+        "error": "internal_error",
+        "detail": "unexpected error; see the logs",
+        "requestId": "req-1",
+    }
+    with pytest.raises(RuntimeError, match="a bug in the lease path"):
+        asyncio.run(lease(raise_app_exceptions=True))

@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI
 
 from service.api import create_app
-from service.api.fast_lease import LeaseFastPath
+from service.api.fast_lease import LeaseServingApp
 from service.auth import TokenAuthenticator, TokenEntry, hash_token
 from service.discovery import redis_pipe
 from service.discovery.redis_store import RedisStore
@@ -24,7 +24,7 @@ from tests.service.conftest import RedisServer, healthy_inventory
 TOKEN = "t-lease"
 
 
-def _app(url: str, *, fast: bool) -> FastAPI:
+def _app(url: str, *, fast: bool) -> LeaseServingApp:
     discovery = DiscoveryService(
         inventory=healthy_inventory([f"p{i}" for i in range(5)]),
         store=RedisStore.from_url(url, prefix="down"),
@@ -35,7 +35,7 @@ def _app(url: str, *, fast: bool) -> FastAPI:
         inventory=discovery.inventory, discovery=discovery, authenticator=TokenAuthenticator([entry])
     )
     if not fast:
-        app.user_middleware = [m for m in app.user_middleware if m.cls is not LeaseFastPath]
+        app.lease_fast_path = None
     return app
 
 
