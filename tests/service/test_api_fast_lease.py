@@ -231,9 +231,9 @@ def test_an_unexpected_error_is_the_same_500_on_both_paths_and_reaches_the_serve
     fast: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fast path sits in front of Starlette's ServerErrorMiddleware, so it answers an error no handler of
-    its own takes as that middleware does: the app's handler for `Exception` (500 `internal_error`, the request
-    id in the body; no header, as that middleware is outside the one that adds it), then the error raised
-    again for the server to log."""
+    its own takes as that middleware does: the app's handler for `Exception` (500 `internal_error`, the
+    request id in the body; no header, as that middleware is outside the one that adds it), then the error
+    raised again for the server to log."""
     app = _app(fast=fast)
     discovery = app.state.context.discovery
 
