@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from urllib.parse import quote
@@ -22,11 +23,21 @@ def timestamp(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, tz=UTC)
 
 
+# What `quote(text, safe="")` leaves as it is (urllib's always-safe characters, ASCII only): most user names
+# and passwords, the lease users' always. Checked first, it spares two `quote` calls per lease (about 1 us).
+_UNQUOTED = re.compile(r"[A-Za-z0-9_.~-]*").fullmatch
+
+
+def quoted(text: str) -> str:
+    """`urllib.parse.quote(text, safe="")`, at once for text it would leave as it is."""
+    return text if _UNQUOTED(text) else quote(text, safe="")
+
+
 def proxy_url(endpoint: ProxyEndpoint, *, username: str | None, password: str | None) -> str:
     host = f"[{endpoint.host}]" if endpoint.host and ":" in endpoint.host else endpoint.host
     auth = ""
     if username is not None:
-        auth = f"{quote(username, safe='')}:{quote(password or '', safe='')}@"
+        auth = f"{quoted(username)}:{quoted(password or '')}@"
     return f"{endpoint.protocol}://{auth}{host}:{endpoint.port}"
 
 
