@@ -24,6 +24,7 @@ from service.discovery.report_summary import ReportEntry, ReportSummaries
 from service.discovery.store import (
     Acquired,
     AcquireRequest,
+    BoundSession,
     ErrorVotes,
     FairShare,
     LeaseRecord,
@@ -53,6 +54,8 @@ class _Resume:
 
 
 class MemoryStore:
+    batches_calls = False  # each call is done in process (the Store protocol)
+
     def __init__(self, *, ended_kept: int = ENDED_KEPT, report_keep: float = LEASE_GRACE) -> None:
         """`ended_kept`: at most this many ended leases are kept for late reports (the oldest ended go
         first), each for at most LEASE_GRACE seconds; running leases are always kept (lease_book.py).
@@ -352,11 +355,13 @@ class MemoryStore:
     async def penalty_until(self, *, proxy: str, target: str) -> float:
         return self._penalty.get(target, {}).get(proxy, (0.0, 0))[0]
 
-    async def get_session(self, *, client: str, session: str, now: float, idle: float) -> str | None:
+    async def get_session(
+        self, *, client: str, session: str, target: str, now: float, idle: float
+    ) -> BoundSession | None:
         bound = self._sessions.get((client, session))
         if bound is None or bound[1] <= now:
             return None
-        return bound[0]
+        return BoundSession(bound[0], self._penalty.get(target, {}).get(bound[0], NO_PENALTY)[0])
 
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
         with self._lock:

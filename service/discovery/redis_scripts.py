@@ -286,6 +286,14 @@ redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 'ok'
 """
 
+# KEYS: session hash, penalty zset (the request's target). Returns {proxy, idle until, the proxy's penalty
+# until ('' if none)}, or nil when the session is not bound: a sticky lease's first round trip.
+SESSION = r"""
+local bound = redis.call('HMGET', KEYS[1], 'proxy', 'until')
+if not bound[1] or not bound[2] then return nil end
+return {bound[1], bound[2], redis.call('ZSCORE', KEYS[2], bound[1]) or ''}
+"""
+
 # KEYS: penalty zset (target), strikes hash (proxy), skip hash (target); ARGV: proxy, target, now
 # A running penalty stays (it ends by itself); one that ran out is forgotten with its strikes.
 FORGIVE = r"""

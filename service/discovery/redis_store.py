@@ -41,6 +41,7 @@ from service.discovery.report_summary import (
 from service.discovery.store import (
     Acquired,
     AcquireRequest,
+    BoundSession,
     ErrorVotes,
     LeaseRecord,
     Limited,
@@ -60,6 +61,8 @@ def _f(value: float) -> str:
 
 
 class RedisStore:
+    batches_calls = True  # calls made at once share a round trip on its pipe (the Store protocol)
+
     def __init__(
         self, client: aioredis.Redis, *, prefix: str = "proxy-operator", small_set: int = SMALL_SET
     ) -> None:
@@ -72,6 +75,7 @@ class RedisStore:
         self._penalise = client.register_script(redis_scripts.PENALISE)
         self._forgive = client.register_script(redis_scripts.FORGIVE)
         self._bind = client.register_script(redis_scripts.BIND_SESSION)
+        self._session = client.register_script(redis_scripts.SESSION)
         self._pipe = RedisPipe.for_client(client)  # the per-request commands; redis-py for the rest
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
         self._error_vote = client.register_script(redis_scripts.ERROR_VOTE)
@@ -327,15 +331,17 @@ class RedisStore:
         )
         return float(score) if score is not None else 0.0
 
-    async def get_session(self, *, client: str, session: str, now: float, idle: float) -> str | None:
-        key = self._session_key(client, session)
-        if self._pipe is None:
-            proxy, until = await self._r.hmget(key, ["proxy", "until"])
-        else:
-            proxy, until = await self._pipe.call("HMGET", key, "proxy", "until")
-        if proxy is None or until is None or float(until) <= now:
+    async def get_session(
+        self, *, client: str, session: str, target: str, now: float, idle: float
+    ) -> BoundSession | None:
+        keys = [self._session_key(client, session), f"{self._p}:pen:{target}"]
+        found = await self._run(self._session, keys=keys, args=[])
+        if not found:
             return None
-        return str(proxy)
+        proxy, until, penalty = found
+        if float(until) <= now:
+            return None
+        return BoundSession(str(proxy), float(penalty) if penalty else 0.0)
 
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
         keys = [self._session_key(client, session), self._sessby_key(proxy)]

@@ -90,7 +90,17 @@ class AcquireRequest:
     share: FairShare | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class BoundSession:
+    proxy: str
+    penalty_until: float  # the proxy's penalty for the request's target; 0.0: none
+
+
 class Store(Protocol):
+    # Calls made at once share one round trip (Redis's pipe): a sticky lease then sends its lease and the
+    # renewal of its session together. False: each call is done in process; they are made in turn.
+    batches_calls: bool
+
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
         """Pick up to `count` eligible candidates, least recently used first, and lease them atomically."""
         ...
@@ -158,7 +168,12 @@ class Store(Protocol):
 
     async def penalty_until(self, *, proxy: str, target: str) -> float: ...
 
-    async def get_session(self, *, client: str, session: str, now: float, idle: float) -> str | None: ...
+    async def get_session(
+        self, *, client: str, session: str, target: str, now: float, idle: float
+    ) -> BoundSession | None:
+        """The proxy the session is bound to (None: unbound or idle past its end), read together with that
+        proxy's penalty for `target` (one round trip on Redis)."""
+        ...
 
     async def bind_session(
         self, *, client: str, session: str, proxy: str, now: float, idle: float

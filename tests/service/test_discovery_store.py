@@ -9,7 +9,7 @@ from typing import TypeVar
 import pytest
 
 from service.discovery.backoff import FullJitter
-from service.discovery.store import AcquireRequest, Store
+from service.discovery.store import AcquireRequest, BoundSession, Store
 from tests.service.conftest import StoreFactory
 
 T = TypeVar("T")
@@ -140,10 +140,28 @@ def test_a_new_ban_never_shortens_a_running_penalty(store_factory: StoreFactory)
 
 def test_sessions_expire_when_idle(store_factory: StoreFactory) -> None:
     async def scenario(store: Store) -> None:
+        def get(client: str, now: float) -> Awaitable[BoundSession | None]:
+            return store.get_session(client=client, session="s", target="t", now=now, idle=30)
+
         await store.bind_session(client="c", session="s", proxy="a", now=NOW, idle=30)
-        assert await store.get_session(client="c", session="s", now=NOW + 29, idle=30) == "a"
-        assert await store.get_session(client="other", session="s", now=NOW, idle=30) is None
-        assert await store.get_session(client="c", session="s", now=NOW + 30, idle=30) is None
+        assert await get("c", NOW + 29) == BoundSession("a", 0.0)
+        assert await get("other", NOW) is None
+        assert await get("c", NOW + 30) is None
+
+    run(store_factory, scenario)
+
+
+def test_a_session_is_read_with_its_proxy_s_penalty_for_the_target(store_factory: StoreFactory) -> None:
+    """One read gives a sticky lease what it checks first: the bound proxy and whether it is banned for the
+    request's target (the Redis store reads both in one script, one round trip)."""
+
+    async def scenario(store: Store) -> None:
+        ban = await store.penalise(proxy="a", target="t", now=NOW, base=300, cap=3600, fraction=0.5)
+        await store.penalise(proxy="b", target="u", now=NOW, base=300, cap=3600, fraction=0.5)
+        await store.bind_session(client="c", session="s", proxy="a", now=NOW, idle=30)
+        for target, until in (("t", ban.until), ("u", 0.0), ("v", 0.0)):
+            bound = await store.get_session(client="c", session="s", target=target, now=NOW + 1, idle=30)
+            assert bound == BoundSession("a", pytest.approx(until)), target
 
     run(store_factory, scenario)
 
