@@ -182,9 +182,10 @@ class DiscoveryService:
         session keeps it alive, whether or not it gets its lease (a 429, a proxy banned since the lookup)."""
         lease = self._acquire(query, pool=[proxy], now=now, sticky=True, share_of=pool)
         if not self.store.batches_calls:  # in process: in turn, without two tasks' cost
-            leases = await lease
-            await self._bind(query, proxy=proxy, now=now)
-            return leases
+            try:
+                return await lease
+            finally:
+                await self._bind(query, proxy=proxy, now=now)
         leased, bound = await asyncio.gather(
             lease, self._bind(query, proxy=proxy, now=now), return_exceptions=True
         )
