@@ -56,6 +56,39 @@ def _plain(router: APIRouter, endpoint: Endpoint) -> bool:
     )
 
 
+Headers = tuple[bytes | None, bytes | None, int, bytes]  # authorization, content type, length, request id
+
+
+def _headers(headers: list[tuple[bytes, bytes]]) -> Headers | None:
+    """What the fast path reads of the headers, each as the middlewares would; None for a chunked body (the
+    body guard counts it as it streams). Without a name given twice a dict reads them at once."""
+    named = dict(headers)
+    if len(named) == len(headers):
+        if b"transfer-encoding" in named:
+            return None
+        value = named.get(b"content-length")
+        length = int(value) if value is not None and value.strip().isdigit() else -1
+        return named.get(b"authorization"), named.get(b"content-type"), length, named.get(HEADER, b"")
+    authorization = content_type = None
+    length = -1
+    request_id = b""
+    for name, value in headers:
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value
+        elif name == b"content-type":
+            if content_type is None:
+                content_type = value
+        elif name == b"content-length":
+            if value.strip().isdigit():  # the last one, as the body guard reads it
+                length = int(value)
+        elif name == HEADER:
+            request_id = value  # the last one, as RequestIdMiddleware reads it
+        elif name == b"transfer-encoding":
+            return None
+    return authorization, content_type, length, request_id
+
+
 def _is_json(content_type: bytes) -> bool:
     """What FastAPI reads as JSON, narrowed to the plain spelling (others take FastAPI's path)."""
     return content_type.split(b";", 1)[0].strip().lower() == b"application/json"
@@ -129,23 +162,10 @@ class LeaseFastPath:
         self, scope: Scope, receive: Receive, messages: list[Message]
     ) -> dict[str, Any] | None:
         """The route's arguments, or None when the middlewares and FastAPI should decide (and answer)."""
-        authorization = content_type = None
-        length = -1
-        request_id = b""
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                if authorization is None:
-                    authorization = value
-            elif name == b"content-type":
-                if content_type is None:
-                    content_type = value
-            elif name == b"content-length":
-                if value.strip().isdigit():  # the last one, as the body guard reads it
-                    length = int(value)
-            elif name == HEADER:
-                request_id = value  # the last one, as RequestIdMiddleware reads it
-            elif name == b"transfer-encoding":
-                return None  # chunked: the body guard counts it as it streams
+        read = _headers(scope["headers"])
+        if read is None:
+            return None
+        authorization, content_type, length, request_id = read
         if not 0 < length <= self._limit or authorization is None or content_type is None:
             return None
         if not _is_json(content_type):

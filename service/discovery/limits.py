@@ -30,6 +30,17 @@ def lease_ttl(requested: float | None, *, settings: DiscoverySettings) -> float:
 
 def grant(*, count: int, ttl: float | None, wait: float, settings: DiscoverySettings) -> Granted:
     """`count`, `ttl` and `wait` lowered to `max_count`, the lease ttl limit and `max_wait_seconds`."""
+    if (
+        count <= settings.max_count
+        and (ttl is None or ttl <= settings.lease_ttl_max_seconds)
+        and wait <= settings.max_wait_seconds
+    ):  # nothing to lower (the common request): what the general case gives, without its dicts
+        return Granted(count=int(count), ttl=lease_ttl(ttl, settings=settings), wait=wait, lowered={})
+    return lowering(count=count, ttl=ttl, wait=wait, settings=settings)
+
+
+def lowering(*, count: int, ttl: float | None, wait: float, settings: DiscoverySettings) -> Granted:
+    """`grant`'s general case: every value taken through its limit."""
     used = {
         "count": min(count, settings.max_count),
         "ttl": lease_ttl(ttl, settings=settings),

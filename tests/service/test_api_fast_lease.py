@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import APIRouter, Depends, FastAPI
+from hypothesis import given
+from hypothesis import strategies as st
 
 from service.api import create_app, fast_lease, middleware
 from service.api.fast_lease import LeaseFastPath, LeaseServingApp
@@ -257,3 +259,24 @@ def test_an_unexpected_error_is_the_same_500_on_both_paths_and_reaches_the_serve
     }
     with pytest.raises(RuntimeError, match="a bug in the lease path"):
         asyncio.run(lease(raise_app_exceptions=True))
+
+
+NAMES = [b"authorization", b"content-type", b"content-length", b"x-request-id", b"transfer-encoding", b"host"]
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(NAMES),
+            st.sampled_from([b"", b"12", b" 7 ", b"x", b"Bearer t", b"application/json"]),
+        ),
+        max_size=8,
+    )
+)
+def test_the_headers_read_at_once_are_the_ones_read_in_turn(headers: list[tuple[bytes, bytes]]) -> None:
+    """Without a name given twice the fast path reads the headers through a dict; with one, in turn, as the
+    middlewares do. A pair of an unrelated name given twice sends any list down the second way: both
+    readings agree."""
+    assert fast_lease._headers(headers) == fast_lease._headers(
+        [*headers, (b"x-other", b"1"), (b"x-other", b"2")]
+    )
