@@ -54,8 +54,6 @@ class _Resume:
 
 
 class MemoryStore:
-    batches_calls = False  # each call is done in process (the Store protocol)
-
     def __init__(self, *, ended_kept: int = ENDED_KEPT, report_keep: float = LEASE_GRACE) -> None:
         """`ended_kept`: at most this many ended leases are kept for late reports (the oldest ended go
         first), each for at most LEASE_GRACE seconds; running leases are always kept (lease_book.py).
@@ -355,13 +353,23 @@ class MemoryStore:
     async def penalty_until(self, *, proxy: str, target: str) -> float:
         return self._penalty.get(target, {}).get(proxy, (0.0, 0))[0]
 
-    async def get_session(
-        self, *, client: str, session: str, target: str, now: float, idle: float
-    ) -> BoundSession | None:
-        bound = self._sessions.get((client, session))
-        if bound is None or bound[1] <= now:
-            return None
-        return BoundSession(bound[0], self._penalty.get(target, {}).get(bound[0], NO_PENALTY)[0])
+    async def sticky(
+        self, request: AcquireRequest, *, session: str, idle: float, now: float
+    ) -> Acquired | BoundSession | None:
+        with self._lock:
+            self._maybe_sweep(now)
+            found = self._sessions.get((request.client, session))
+            if found is None or found[1] <= now:
+                return None
+            proxy = found[0]
+            penalty = self._penalty.get(request.target, {}).get(proxy, NO_PENALTY)[0]
+            pool = request.share.pool if request.share is not None else ()
+            if proxy not in pool or penalty > now:
+                return BoundSession(proxy, penalty)
+            self._sessions[(request.client, session)] = (proxy, now + idle)
+            candidates = (proxy,)
+            self._learn(candidates)
+            return self._acquire(replace(request, candidates=candidates), now)
 
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
         with self._lock:

@@ -194,6 +194,56 @@ take(eligible, picked)
     + _HAND_OUT
 )
 
+# A sticky session's lease in one round trip: the session's proxy, its penalty for the target and its place
+# in the pool; when all allow, the session's renewal (BIND_SESSION with the proxy unchanged), then ACQUIRE
+# on that proxy alone. Returns {'unbound'}, {'bound', proxy, penalty until or ''} (outside the pool or
+# penalised: nothing done), {'nocand'}, or ACQUIRE's answer.
+# KEYS: session hash, then ACQUIRE's eight, then the pool's set ('' when the pool is listed in ARGV)
+# ARGV: ACQUIRE's up to the ids, then idle until, the session keys' lifetime (ms), client|session, the
+#       sessions-by-proxy key prefix, the pool's members (when listed)
+STICKY = (
+    r"""
+local sess, hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local share_key, banby, pool_key = KEYS[8] ~= '' and KEYS[8], KEYS[9], KEYS[10] ~= '' and KEYS[10]
+if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
+if pool_key and redis.call('EXISTS', pool_key) == 0 then return {'nocand'} end
+"""
+    + _ARGS
+    + r"""
+local b = 14 + tonumber(ARGV[13])
+local bound = redis.call('HMGET', sess, 'proxy', 'until')
+if not bound[1] or not bound[2] or tonumber(bound[2]) <= now then return {'unbound'} end
+local proxy = bound[1]
+local penalty = redis.call('ZSCORE', pen, proxy)
+local in_pool = false
+if pool_key then
+  in_pool = redis.call('SISMEMBER', pool_key, proxy) == 1
+else
+  for i = b + 4, #ARGV do if ARGV[i] == proxy then in_pool = true break end end
+end
+if not in_pool or (tonumber(penalty) or 0) > now then return {'bound', proxy, penalty or ''} end
+redis.call('HSET', sess, 'until', ARGV[b])
+redis.call('PEXPIRE', sess, ARGV[b + 1])
+local sessby = ARGV[b + 3] .. proxy
+redis.call('ZADD', sessby, ARGV[b], ARGV[b + 2])
+redis.call('ZREMRANGEBYSCORE', sessby, '-inf', ARGV[1])
+redis.call('PEXPIRE', sessby, ARGV[b + 1])
+local listed = {proxy}
+local function in_cand(p) return p == proxy end
+"""
+    + _LIMITS
+    + r"""
+if full then
+  full = not mine[proxy]  -- the share keeps its proxy away (else: it is its own)
+  if full then listed = {} end
+end
+local eligible, earliest = judge(listed)
+local picked = {}
+take(eligible, picked)
+"""
+    + _HAND_OUT
+)
+
 # KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix, act key prefix, lease id
 RELEASE = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -284,14 +334,6 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[4])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', ARGV[6])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])
 return 'ok'
-"""
-
-# KEYS: session hash, penalty zset (the request's target). Returns {proxy, idle until, the proxy's penalty
-# until ('' if none)}, or nil when the session is not bound: a sticky lease's first round trip.
-SESSION = r"""
-local bound = redis.call('HMGET', KEYS[1], 'proxy', 'until')
-if not bound[1] or not bound[2] then return nil end
-return {bound[1], bound[2], redis.call('ZSCORE', KEYS[2], bound[1]) or ''}
 """
 
 # KEYS: penalty zset (target), strikes hash (proxy), skip hash (target); ARGV: proxy, target, now

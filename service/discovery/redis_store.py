@@ -61,8 +61,6 @@ def _f(value: float) -> str:
 
 
 class RedisStore:
-    batches_calls = True  # calls made at once share a round trip on its pipe (the Store protocol)
-
     def __init__(
         self, client: aioredis.Redis, *, prefix: str = "proxy-operator", small_set: int = SMALL_SET
     ) -> None:
@@ -75,7 +73,7 @@ class RedisStore:
         self._penalise = client.register_script(redis_scripts.PENALISE)
         self._forgive = client.register_script(redis_scripts.FORGIVE)
         self._bind = client.register_script(redis_scripts.BIND_SESSION)
-        self._session = client.register_script(redis_scripts.SESSION)
+        self._sticky = client.register_script(redis_scripts.STICKY)
         self._pipe = RedisPipe.for_client(client)  # the per-request commands; redis-py for the rest
         self._acquire_set = client.register_script(redis_scripts.ACQUIRE_FROM_SET)
         self._error_vote = client.register_script(redis_scripts.ERROR_VOTE)
@@ -331,17 +329,41 @@ class RedisStore:
         )
         return float(score) if score is not None else 0.0
 
-    async def get_session(
-        self, *, client: str, session: str, target: str, now: float, idle: float
-    ) -> BoundSession | None:
-        keys = [self._session_key(client, session), f"{self._p}:pen:{target}"]
-        found = await self._run(self._session, keys=keys, args=[])
-        if not found:
-            return None
-        proxy, until, penalty = found
-        if float(until) <= now:
-            return None
-        return BoundSession(str(proxy), float(penalty) if penalty else 0.0)
+    async def sticky(
+        self, request: AcquireRequest, *, session: str, idle: float, now: float
+    ) -> Acquired | BoundSession | None:
+        assert request.share is not None
+        pool = request.share.pool
+        for _ in range(2):  # a set may have expired in Redis since this process uploaded it: upload again
+            share = await self._share_key(request)  # the pool's set when a holding limit applies
+            listed: Collection[str] = ()
+            if share:
+                pool_key = share
+            elif len(pool) <= self._small_set:
+                pool_key, listed = "", pool
+            else:
+                pool_key = await self._candidate_key(_frozen(pool))
+            keys = [
+                self._session_key(request.client, session),
+                *self._keys(request),
+                self._used_key(request.client),
+                self._act_key(request.client),
+                self._rate_key(request.client),
+                share,
+                f"{self._p}:banby:{request.client}|{request.target}",
+                pool_key,
+            ]
+            binding = [_f(now + idle), str(int((idle + 60) * 1000)), f"{request.client}|{session}"]
+            args = [*self._args(request, now=now), *binding, self._sessby_key(""), *listed]
+            out = await self._run(self._sticky, keys=keys, args=args)
+            if out[0] == "unbound":
+                return None
+            if out[0] == "bound":
+                return BoundSession(str(out[1]), float(out[2]) if out[2] else 0.0)
+            if out[0] != "nocand":
+                return self._acquired(out, request=request, now=now)
+            self._uploaded.difference_update({share, pool_key})
+        raise RuntimeError("a candidate set vanished twice in a row from Redis")
 
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
         keys = [self._session_key(client, session), self._sessby_key(proxy)]

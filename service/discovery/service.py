@@ -27,6 +27,7 @@ from service.discovery.observer import DiscoveryObserver
 from service.discovery.report_summary import ReportEntry
 from service.discovery.reports import ANY_TARGET, ReportOutcome, Reports
 from service.discovery.store import (
+    Acquired,
     AcquireRequest,
     BoundSession,
     FairShare,
@@ -151,21 +152,13 @@ class DiscoveryService:
         )
         if query.session is None:
             return LeaseGrant(leases=await self._acquire(query, pool=pool, now=now))
-        bound = await self.store.get_session(
-            client=query.client,
-            session=query.session,
-            target=query.target,
-            now=now,
-            idle=self.settings.session_idle_seconds,
-        )
-        if bound is not None:
-            why = self._session_problem(bound, query=query, pool=pool, now=now)
-            if why is None:
-                return LeaseGrant(
-                    leases=await self._sticky(query, bound.proxy, pool, now), session=query.session
-                )
-            if query.strict:
-                raise SessionLost(f"session {query.session!r} was bound to {bound.proxy}, which {why}")
+        outcome = await self._sticky(query, pool=pool, now=now)
+        if isinstance(outcome, list):
+            return LeaseGrant(leases=outcome, session=query.session)
+        bound = outcome
+        if bound is not None and query.strict:
+            why = self._session_problem(bound, query=query, pool=pool, now=now) or "is not eligible"
+            raise SessionLost(f"session {query.session!r} was bound to {bound.proxy}, which {why}")
         leases = await self._acquire(query, pool=pool, now=now)
         await self._bind(query, proxy=leases[0].proxy, now=now)
         previous = bound.proxy if bound is not None else None
@@ -174,26 +167,22 @@ class DiscoveryService:
         )
 
     async def _sticky(
-        self, query: LeaseQuery, proxy: str, pool: Collection[str], now: float
-    ) -> list[LeaseRecord]:
-        """The lease on the session's proxy and the renewal of its binding, sent to the store together: one
-        round trip on Redis instead of two, as the session lookup already read the proxy's penalty (a sticky
-        lease took four before, and made the p99 of bench_discovery's Redis mix). A request that names its
-        session keeps it alive, whether or not it gets its lease (a 429, a proxy banned since the lookup)."""
-        lease = self._acquire(query, pool=[proxy], now=now, sticky=True, share_of=pool)
-        if not self.store.batches_calls:  # in process: in turn, without two tasks' cost
-            try:
-                return await lease
-            finally:
-                await self._bind(query, proxy=proxy, now=now)
-        leased, bound = await asyncio.gather(
-            lease, self._bind(query, proxy=proxy, now=now), return_exceptions=True
+        self, query: LeaseQuery, *, pool: Collection[str], now: float
+    ) -> list[LeaseRecord] | BoundSession | None:
+        """The session's lease in one step of the store (one round trip on Redis: a sticky lease waited for
+        four before, which made the p99 of bench_discovery's Redis mix): the leases on its proxy, or None
+        when the session is not bound, or the binding when its proxy left the pool or is banned for the
+        target (nothing done then: the caller re-binds or refuses). A request that reaches the bound proxy
+        renews the session whether or not it gets its lease (a 429)."""
+        share = self._fair_share(query, pool)
+        request = self._request(query, candidates=(), share=share, sticky=True)
+        assert query.session is not None
+        outcome = await self.store.sticky(
+            request, session=query.session, idle=self.settings.session_idle_seconds, now=now
         )
-        for outcome in (leased, bound):
-            if isinstance(outcome, BaseException):
-                raise outcome
-        assert isinstance(leased, list)
-        return leased
+        if isinstance(outcome, Acquired):
+            return await self._taken(query, share, outcome, pool=pool, now=now)
+        return outcome
 
     def _session_problem(
         self, bound: BoundSession, *, query: LeaseQuery, pool: Collection[str], now: float
@@ -225,20 +214,18 @@ class DiscoveryService:
             burst=float(self.settings.lease_burst),
         )
 
-    async def _acquire(
-        self,
-        query: LeaseQuery,
-        *,
-        pool: Collection[str],
-        now: float,
-        sticky: bool = False,
-        share_of: Collection[str] | None = None,
-    ) -> list[LeaseRecord]:
-        share = self._fair_share(query, pool if share_of is None else share_of)
-        request = AcquireRequest(
+    async def _acquire(self, query: LeaseQuery, *, pool: Collection[str], now: float) -> list[LeaseRecord]:
+        share = self._fair_share(query, pool)
+        request = self._request(query, candidates=pool, share=share, sticky=False)
+        return await self._taken(query, share, await self.store.acquire(request, now=now), pool=pool, now=now)
+
+    def _request(
+        self, query: LeaseQuery, *, candidates: Collection[str], share: FairShare, sticky: bool
+    ) -> AcquireRequest:
+        return AcquireRequest(
             client=query.client,
             target=query.target,
-            candidates=pool,
+            candidates=candidates,
             count=1 if query.session else query.count,
             ttl=lease_ttl(query.ttl, settings=self.settings),
             cooldown=self.settings.cooldown_seconds,
@@ -246,7 +233,11 @@ class DiscoveryService:
             ignore_cooldown=sticky,
             share=share,
         )
-        acquired = await self.store.acquire(request, now=now)
+
+    async def _taken(
+        self, query: LeaseQuery, share: FairShare, acquired: Acquired, *, pool: Collection[str], now: float
+    ) -> list[LeaseRecord]:
+        """The leases the store handed out, or the error that says why there are none."""
         if acquired.limited is not None:
             raise self._limited(query, share, acquired.limited, now=now)
         if acquired.leases:

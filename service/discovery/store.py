@@ -97,10 +97,6 @@ class BoundSession:
 
 
 class Store(Protocol):
-    # Calls made at once share one round trip (Redis's pipe): a sticky lease then sends its lease and the
-    # renewal of its session together. False: each call is done in process; they are made in turn.
-    batches_calls: bool
-
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
         """Pick up to `count` eligible candidates, least recently used first, and lease them atomically."""
         ...
@@ -168,11 +164,14 @@ class Store(Protocol):
 
     async def penalty_until(self, *, proxy: str, target: str) -> float: ...
 
-    async def get_session(
-        self, *, client: str, session: str, target: str, now: float, idle: float
-    ) -> BoundSession | None:
-        """The proxy the session is bound to (None: unbound or idle past its end), read together with that
-        proxy's penalty for `target` (one round trip on Redis)."""
+    async def sticky(
+        self, request: AcquireRequest, *, session: str, idle: float, now: float
+    ) -> Acquired | BoundSession | None:
+        """A sticky session's lease in one step (one round trip on Redis). The session's proxy is read with
+        its penalty for `request.target`; when it is bound, in `request.share.pool` and not penalised now,
+        the session's idle time starts again and `request` is acquired on that proxy alone (its
+        `candidates` are not read). None: the session is not bound (or idled past its end); a
+        BoundSession: bound to a proxy that left the pool or is penalised (nothing done)."""
         ...
 
     async def bind_session(

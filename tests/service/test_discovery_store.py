@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TypeVar
 
 import pytest
 
 from service.discovery.backoff import FullJitter
-from service.discovery.store import AcquireRequest, BoundSession, Store
+from service.discovery.store import Acquired, AcquireRequest, BoundSession, FairShare, Store
 from tests.service.conftest import StoreFactory
 
 T = TypeVar("T")
@@ -138,30 +139,56 @@ def test_a_new_ban_never_shortens_a_running_penalty(store_factory: StoreFactory)
     run(store_factory, scenario)
 
 
+def sticky(
+    store: Store,
+    *,
+    client: str = "c",
+    target: str = "t",
+    pool: tuple[str, ...] = ("a", "b"),
+    now: float,
+    tag: str,
+) -> Awaitable[Acquired | BoundSession | None]:
+    """The session "s"'s lease, idle 30 s, its share of `pool` (no holding limit)."""
+    share = FairShare(pool=frozenset(pool), holding=None, rate=None, burst=1.0)
+    asked = replace(request(client=client, target=target, ignore_cooldown=True, tag=tag), share=share)
+    return store.sticky(asked, session="s", idle=30, now=now)
+
+
 def test_sessions_expire_when_idle(store_factory: StoreFactory) -> None:
     async def scenario(store: Store) -> None:
-        def get(client: str, now: float) -> Awaitable[BoundSession | None]:
-            return store.get_session(client=client, session="s", target="t", now=now, idle=30)
-
         await store.bind_session(client="c", session="s", proxy="a", now=NOW, idle=30)
-        assert await get("c", NOW + 29) == BoundSession("a", 0.0)
-        assert await get("other", NOW) is None
-        assert await get("c", NOW + 30) is None
+        assert await sticky(store, client="other", now=NOW, tag="1") is None
+        assert await sticky(store, now=NOW + 30, tag="2") is None  # idle for 30 s
+        await store.bind_session(client="c", session="s", proxy="a", now=NOW + 40, idle=30)
+        got = await sticky(store, now=NOW + 69, tag="3")  # renews it: idle from now on
+        assert isinstance(got, Acquired)
+        assert [(lease.proxy, lease.lease_id) for lease in got.leases] == [("a", "id-0-3")]
+        got = await sticky(store, now=NOW + 98, tag="4")
+        assert isinstance(got, Acquired)
+        assert [lease.proxy for lease in got.leases] == ["a"]
 
     run(store_factory, scenario)
 
 
-def test_a_session_is_read_with_its_proxy_s_penalty_for_the_target(store_factory: StoreFactory) -> None:
-    """One read gives a sticky lease what it checks first: the bound proxy and whether it is banned for the
-    request's target (the Redis store reads both in one script, one round trip)."""
+def test_a_sticky_lease_stops_at_a_proxy_banned_for_its_target_or_out_of_its_pool(
+    store_factory: StoreFactory,
+) -> None:
+    """Nothing is done then (no lease, no renewal): the service re-binds the session or refuses."""
 
     async def scenario(store: Store) -> None:
         ban = await store.penalise(proxy="a", target="t", now=NOW, base=300, cap=3600, fraction=0.5)
-        await store.penalise(proxy="b", target="u", now=NOW, base=300, cap=3600, fraction=0.5)
+        await store.penalise(proxy="a", target="u", now=NOW - 4000, base=300, cap=3600, fraction=0.5)  # over
         await store.bind_session(client="c", session="s", proxy="a", now=NOW, idle=30)
-        for target, until in (("t", ban.until), ("u", 0.0), ("v", 0.0)):
-            bound = await store.get_session(client="c", session="s", target=target, now=NOW + 1, idle=30)
-            assert bound == BoundSession("a", pytest.approx(until)), target
+        banned = await sticky(store, now=NOW + 1, tag="1")
+        assert banned == BoundSession("a", pytest.approx(ban.until))
+        outside = await sticky(store, target="u", pool=("b", "c"), now=NOW + 2, tag="2")
+        assert isinstance(outside, BoundSession)
+        assert outside.proxy == "a"
+        assert await sticky(store, now=NOW + 31, tag="3") is None  # neither renewed it
+        await store.bind_session(client="c", session="s", proxy="a", now=NOW + 40, idle=30)
+        other = await sticky(store, target="u", now=NOW + 41, tag="4")  # its ban for "u" is over
+        assert isinstance(other, Acquired)
+        assert [lease.proxy for lease in other.leases] == ["a"]
 
     run(store_factory, scenario)
 

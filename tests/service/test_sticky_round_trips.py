@@ -1,6 +1,6 @@
-"""A sticky lease on Redis waits for two round trips, not four: the session is read with its proxy's penalty
-(one script), then the lease and the session's renewal go out together. In bench_discovery's mix (a tenth of
-the requests in sticky sessions) the four round trips were the Redis store's p99: x2.2 the bare route's.
+"""A sticky lease on Redis waits for one round trip, not four (the session, its proxy's penalty, the lease,
+the session's renewal): one script does all four. In bench_discovery's mix (a tenth of the requests in
+sticky sessions) the four round trips were the Redis store's p99: x2.2 the bare route's.
 
 Counted at the pipe: each write to Redis is one batch of commands, and the lease waits for each batch's
 replies before it can send the next.
@@ -22,7 +22,7 @@ from service.settings import DiscoverySettings
 from tests.service.conftest import FakeClock, RedisServer, healthy_inventory
 
 
-def test_a_sticky_lease_waits_for_two_round_trips(
+def test_a_sticky_lease_waits_for_one_round_trip(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     batches: list[int] = []  # commands per write
@@ -57,7 +57,7 @@ def test_a_sticky_lease_waits_for_two_round_trips(
 
     first, again = asyncio.run(scenario())
     assert again == first  # sticky
-    assert batches == [1, 2]  # the session with its penalty; then the lease and the session's renewal
+    assert batches == [1]
 
 
 @pytest.mark.parametrize("store_kind", ["memory", "redis"])
