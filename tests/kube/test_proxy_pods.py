@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from kubernetes.client import ApiClient, CoreV1Api
+from kubernetes.client import ApiClient, CoreV1Api, DiscoveryV1Api
 
 from service.controller import Controller
 from tests.kube.node import KubeNode
@@ -235,8 +235,37 @@ class ClientLoop(threading.Thread):
                 if now != serving:
                     what += f" (the Service went {serving} -> {now} meanwhile)"
                 # a port that the Service held before the request but not after it counts as the switch
+                if (
+                    port == now
+                ):  # against the proxy: what the cluster routed it to, for whoever reads the failure
+                    what += f" [{self.snapshot()}]"
                 self.failed.append((port, now, what))
             time.sleep(0.05)
+
+    def snapshot(self) -> str:
+        """The Service's endpoints (address, port, ready/serving/terminating) and its proxy's pods (IP,
+        deleting or not, ready), read at once: a failed request with the ports agreeing went to one of them.
+        CI saw one such failure once (a connection refused at the old port, under the suite's load)."""
+        try:
+            slices = DiscoveryV1Api(self.objects.api).list_namespaced_endpoint_slice(
+                self.objects.namespace, label_selector=f"kubernetes.io/service-name={self.name}"
+            )
+            pods = CoreV1Api(self.objects.api).list_namespaced_pod(self.objects.namespace).items
+        except Exception as exc:  # a diagnostic: it must not hide the failure it describes
+            return f"no snapshot: {exc}"
+        ends = [
+            f"{','.join(e.addresses)}:{[p.port for p in (s.ports or [])]}"
+            f" r={e.conditions.ready} s={e.conditions.serving} t={e.conditions.terminating}"
+            for s in slices.items
+            for e in (s.endpoints or [])
+        ]
+        running = [
+            f"{q.metadata.name} {q.status.pod_ip} "
+            f"{'deleting' if q.metadata.deletion_timestamp else q.status.phase} "
+            f"ready={[c.ready for c in (q.status.container_statuses or [])]}"
+            for q in pods
+        ]
+        return f"at {time.monotonic():.2f}: endpoints {ends}; pods {running}"
 
     def in_switch(self) -> list[tuple[int, int, str]]:
         return [f for f in self.failed if f[0] != f[1]]
