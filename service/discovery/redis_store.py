@@ -105,8 +105,7 @@ class RedisStore:
         listed = len(request.candidates) <= self._small_set
         for _ in range(2):  # a set may have expired in Redis since this process uploaded it: upload again
             share = await self._share_key(request)
-            limits = [self._act_key(request.client), self._rate_key(request.client), share]
-            limits.append(f"{self._p}:banby:{request.client}|{request.target}")
+            limits = self._limit_keys(request, share)
             if listed:
                 keys = [*self._keys(request), self._used_key(request.client), *limits]
                 args = [*self._args(request, now=now), *request.candidates]
@@ -169,6 +168,15 @@ class RedisStore:
             raise StoreConnectionError(f"uploading a candidate set: {exc}") from exc
         except RedisTimeoutError as exc:
             raise StoreTimeoutError(f"uploading a candidate set: {exc}") from exc
+
+    def _limit_keys(self, request: AcquireRequest, share: str) -> list[str]:
+        """The fair share's keys, in the order the acquire scripts and STICKY all take them."""
+        return [
+            self._act_key(request.client),
+            self._rate_key(request.client),
+            share,
+            f"{self._p}:banby:{request.client}|{request.target}",
+        ]
 
     def _keys(self, request: AcquireRequest) -> list[str]:
         hold = self._hold_key(request.client, request.target)
@@ -347,10 +355,7 @@ class RedisStore:
                 self._session_key(request.client, session),
                 *self._keys(request),
                 self._used_key(request.client),
-                self._act_key(request.client),
-                self._rate_key(request.client),
-                share,
-                f"{self._p}:banby:{request.client}|{request.target}",
+                *self._limit_keys(request, share),
                 pool_key,
             ]
             binding = [_f(now + idle), str(int((idle + 60) * 1000)), f"{request.client}|{session}"]
