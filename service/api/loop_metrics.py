@@ -59,7 +59,11 @@ class LoopCounter:
         registry.register(self)
 
     def labels(self, *values: str, **named: str) -> Count:
+        if values and named:
+            raise ValueError("Can't pass both *args and **kwargs")  # prometheus_client's words, as below
         if named:
+            if sorted(named) != sorted(self.labelnames):
+                raise ValueError("Incorrect label names")
             values = tuple(named[name] for name in self.labelnames)
         if len(values) != len(self.labelnames):
             raise ValueError("Incorrect label count")  # prometheus_client's words

@@ -77,4 +77,10 @@ def test_labels_by_name_and_the_refusals_match_too() -> None:
             requests.inc()  # type: ignore[attr-defined]
         with pytest.raises(ValueError, match="Incorrect label count"):
             requests.labels("ok", "extra")  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="Incorrect label names"):
+            requests.labels(other="ok")  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="Incorrect label names"):
+            requests.labels(outcome="ok", other="ok")  # type: ignore[attr-defined]
+        with pytest.raises(ValueError, match="both"):
+            requests.labels("ok", outcome="ok")  # type: ignore[attr-defined]
     assert our_metrics[0].labels(outcome="ok") is our_metrics[0].labels("ok")  # type: ignore[attr-defined]
