@@ -288,10 +288,16 @@ def _store(settings: OperatorSettings) -> Store:
 
 
 def _ended_sessions(store: Store) -> ui.EndedSessions | None:
-    """Log outs in Redis when the discovery store is Redis (every replica refuses an ended session)."""
-    from service.discovery.redis_store import RedisStore
+    """Log outs in Redis when the discovery store is Redis (every replica refuses an ended session).
 
-    return ui.RedisEndedSessions(store.client, prefix=store.prefix) if isinstance(store, RedisStore) else None
+    The Redis client (redis-py, and with it OpenTelemetry: about 7 MiB of RSS) is imported only when the
+    store is Redis's: a replica on the memory store never loads it (tests/service/test_lazy_imports.py)."""
+    if not isinstance(store, MemoryStore):  # the check that needs no import: Redis's is the only other
+        from service.discovery.redis_store import RedisStore
+
+        if isinstance(store, RedisStore):
+            return ui.RedisEndedSessions(store.client, prefix=store.prefix)
+    return None
 
 
 def _authenticator(settings: OperatorSettings) -> TokenAuthenticator:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
+from service import ui
 from service.config import OperatorSettings
 from service.discovery.memory import MemoryStore
 from service.discovery.redis_store import RedisStore
-from service.serve import _store
+from service.serve import _ended_sessions, _store
 from service.settings import DiscoverySettings
 from tests.service.conftest import RedisServer
 
@@ -32,3 +33,17 @@ def test_serve_gives_the_memory_store_its_bounds() -> None:
     store = _store(OperatorSettings(discovery=discovery))
     assert isinstance(store, MemoryStore)
     assert (store._leases.ended_kept, store._report_keep) == (7, 900)
+
+
+def test_log_outs_go_to_redis_only_with_the_redis_store(redis_server: RedisServer) -> None:
+    """The fleet page's ended sessions are shared in Redis when the store is Redis's (every replica refuses
+    them); with the memory store they stay local, and the Redis client is not even imported for it
+    (tests/service/test_lazy_imports.py)."""
+    settings = OperatorSettings(discovery=DiscoverySettings(store="redis", redis_url=redis_server.url))
+    store = _store(settings)
+    assert isinstance(store, RedisStore)
+    ended = _ended_sessions(store)
+    assert isinstance(ended, ui.RedisEndedSessions)
+    assert (ended.client, ended.prefix) == (store.client, store.prefix)
+    asyncio.run(store.close())
+    assert _ended_sessions(_store(OperatorSettings())) is None
