@@ -63,6 +63,7 @@ def test_the_config_names_both_rather_than_auto() -> None:
     """uvicorn's "auto" would fall back to asyncio and h11 without a word if either went missing."""
     config = api_server.server_config(object(), host="127.0.0.1", port=0)
     assert (config.loop, config.http) == ("uvloop", "httptools")
+    assert config.ws == "none", "no route is a WebSocket: nothing to import an implementation for"
     assert isinstance(config, uvicorn.Config)
 
 
