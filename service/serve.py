@@ -156,6 +156,7 @@ def _assemble(
         concurrency=settings.health.concurrency,
         on_transition=_health_to_status(controller),
         on_probe=probes.record,
+        on_gone=probes.forget,
     )
     store = _store(settings)
     discovery = DiscoveryService(

@@ -62,6 +62,7 @@ class HealthEngine:
         concurrency: int = 200,
         on_transition: TransitionSink | None = None,
         on_probe: Callable[[str, Health], None] | None = None,
+        on_gone: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         rng: random.Random | None = None,
@@ -75,6 +76,7 @@ class HealthEngine:
         self._semaphore = asyncio.Semaphore(concurrency)
         self._on_transition = on_transition
         self._on_probe = on_probe  # every probe's result (the fleet page's probe history); must be quick
+        self._on_gone = on_gone  # a key it probed is no longer in the inventory (the history forgets it)
         self._clock = clock
         self._wall = wall_clock
         self._rng = rng or random.Random()
@@ -209,6 +211,8 @@ class HealthEngine:
             endpoint = self._inventory.get(key)
             if endpoint is None or not endpoint.has_address:
                 self._scheduled.discard(key)
+                if endpoint is None and self._on_gone is not None:
+                    self._on_gone(key)
                 continue
             await self._spawn(key)
             spread = self._interval * self._rng.uniform(1 - self._jitter, 1 + self._jitter)

@@ -144,6 +144,34 @@ def test_the_prober_task_probes_every_interval_and_stops_cleanly() -> None:
     assert all(inventory.health(f"default/p{i}").healthy for i in range(5))
 
 
+def test_a_proxy_that_left_the_inventory_is_reported_gone_once_and_no_longer_probed() -> None:
+    """The fleet page's probe history forgets what the engine reports gone (service/serve.py wires
+    `on_gone` to `ProbeHistory.forget`); a proxy that only lost its address is not gone."""
+    inventory = Inventory()
+    inventory.replace_all([endpoint("a"), endpoint("b"), endpoint("c")])
+    prober, gone = CountingProber(), list[str]()
+    engine, _ = _engine(inventory, prober=prober, transitions=[], interval=0.05, on_gone=gone.append)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(engine.run(), name="prober")
+        for _ in range(200):  # bounded: at most 2 s
+            if prober.calls >= 6:
+                break
+            await asyncio.sleep(0.01)
+        inventory.remove("default/a")
+        inventory.upsert(endpoint("b", host=None))  # no address: unscheduled, still in the inventory
+        calls = prober.calls
+        for _ in range(200):
+            if prober.calls >= calls + 6:
+                break
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(scenario())
+    assert gone == ["default/a"]
+
+
 def test_client_error_reports_count_like_failed_probes() -> None:
     inventory = Inventory()
     inventory.replace_all([endpoint("a")])

@@ -153,6 +153,26 @@ def test_the_probe_history_keeps_the_last_30_and_the_chart_marks_failures() -> N
     assert svg.count("<rect") == 30
 
 
+def test_the_probe_history_keeps_whole_milliseconds_per_proxy_and_reuses_a_forgotten_slot() -> None:
+    history = ProbeHistory()
+    history.record("default/a", Health(state=HealthState.healthy, last_latency_seconds=0.0004))
+    history.record("default/a", Health(state=HealthState.healthy, last_latency_seconds=0.0126))
+    history.record("default/a", Health(state=HealthState.healthy, last_latency_seconds=300.0))
+    history.record("default/b", Health(state=HealthState.unhealthy, consecutive_failures=2))
+    assert history.series("default/a") == [0.0, 0.013, 65.534]  # the chart's resolution; capped
+    assert history.series("default/b") == [None]
+    assert "0 ms" in chart([0.0, 0.0])  # every probe under 1 ms: no division by 0
+    assert "slowest 0 ms" in chart([0.0])
+    history.forget("default/a")
+    history.forget("default/a")  # twice: nothing more
+    assert history.series("default/a") == []
+    assert len(history) == 1
+    history.record("default/c", Health(state=HealthState.healthy, last_latency_seconds=0.002))
+    assert history.series("default/c") == [0.002], "a reused slot starts empty"
+    assert history.series("default/b") == [None]
+    assert len(history._count) == 2, "the forgotten slot served the new proxy"
+
+
 def test_the_pools_view_joins_a_pools_status_and_its_childrens_phases() -> None:
     status = ProxyPoolStatus(desired=3, ready=2, replacing=1, placements={"local": 3})
     status.conditions.append(
