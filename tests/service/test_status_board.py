@@ -5,8 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
-from service.status import Event, StatusBoard
+from service.status import Event, StatusBoard, _ready_entry, _ready_since
 from stacks.models import Address
 from stacks.models.conditions import ConditionType, Operation, Phase, Reason, phase_of
 
@@ -136,3 +138,15 @@ def test_listeners_hear_changes_only() -> None:
     board.event(KEY, reason=Reason.RELEASED, message="gone")
     assert events[-1].reason == Reason.RELEASED
     assert len(changed) == 5
+
+
+@given(
+    st.booleans(),
+    st.datetimes(min_value=datetime(1970, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC)),
+)
+@example(True, datetime(1970, 1, 1, tzinfo=UTC))  # the epoch itself: still True
+def test_readys_status_and_time_are_kept_as_one_int_exactly(true: bool, since: datetime) -> None:
+    """The board keeps Ready as one int a proxy (status.py `_ready_entry`): status and microseconds."""
+    entry = _ready_entry(true, since)
+    assert (entry > 0) is true
+    assert _ready_since(entry) == since
