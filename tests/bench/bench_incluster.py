@@ -32,6 +32,7 @@ BENCH_ONLY (the phases, `leader,follower`); the follower phase's own settings ar
 BENCH_TRACEMALLOC=1 runs the service watching the Proxies under tracemalloc and prints where its memory was
 allocated after the quiet window (its RSS is then inflated by the tracing: use it to find consumers, not for
 the figures). BENCH_KEEP=1 keeps the working folder (service logs, the apiserver's audit log).
+BENCH_SERVICE_ENV (a JSON object) adds to the service's environment alone (an allocator to compare).
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ def service(
         **os.environ,
         **SERVICE_ENV,
         **env,
+        **json.loads(os.environ.get("BENCH_SERVICE_ENV", "{}")),  # e.g. an allocator to compare
         "PULUMI_HOME": str(tmp / "pulumi-home"),
         "PULUMI_BACKEND_URL": (tmp / f"backend-{name}").as_uri(),
     }

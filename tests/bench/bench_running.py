@@ -22,7 +22,10 @@ BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500) over BENCH_CONN
 (30 s), BENCH_READY_WITHIN (2400 s), BENCH_ECHO (own), BENCH_KEEP=1 keeps the working folder,
 BENCH_TRACEMALLOC=1 runs the service under tracemalloc and prints where its memory went (its RSS and CPU are
 then the tracer's too; BENCH_TRACE_FRAMES, 8, frames kept per allocation), BENCH_CENSUS=1 prints a census of
-the service's objects by what holds them at the end (tests/bench/census.py). About 15-20 minutes at 10,000.
+the service's objects by what holds them at the end (tests/bench/census.py, with the modules it loaded),
+BENCH_SERVICE_ENV (a JSON object) adds to the service's environment only (to compare an allocator:
+`{"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "PYTHONMALLOC": "malloc"}`). About 15-20
+minutes at 10,000.
 """
 
 from __future__ import annotations

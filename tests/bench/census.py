@@ -88,6 +88,8 @@ def census(path: str, *, top: int = 40) -> None:
     _table(out, spare, spare_counts, top // 2)
     out.write("the allocators before the census (pymalloc's totals, sys._debugmallocstats; glibc's):\n")
     out.write(allocator)
+    modules = sorted(sys.modules)
+    out.write(f"modules loaded: {len(modules)}\n{' '.join(modules)}\n")
     with open(path + ".tmp", "w") as file:
         file.write(out.getvalue())
     os.replace(path + ".tmp", path)
