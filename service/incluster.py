@@ -102,6 +102,7 @@ class ClusterMode:
             source=self.source, credentials=self.credentials, inventory=inventory
         )
         self.credentials_writer = CredentialsWriter(api)
+        self.credentials.on_deleted = self.credentials_writer.forget
         # A new leader compares each status with the watched copy, not a GET per Proxy (the intake).
         self.status_writer = StatusWriter(
             api,

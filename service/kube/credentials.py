@@ -105,7 +105,9 @@ class CredentialsWriter:
         return True
 
     def forget(self, uid: str) -> None:
-        """The Proxy is gone (its Secret goes with it): stop remembering it."""
+        """The Proxy's Secret is gone (with the Proxy, or deleted by someone: the next publish writes it
+        again): stop remembering it. The reader's `on_deleted` calls it; without it, what was written for
+        every Proxy ever deleted was kept for good."""
         with self._lock:
             self._written.pop(uid, None)
 
@@ -135,6 +137,9 @@ class CredentialsReader:
         self._lock = threading.Lock()
         # The Proxy (its key) whose credentials changed or went: called after they did (watch threads).
         self.on_change: Callable[[str], None] = lambda key: None
+        # The uid of the Proxy whose Secret was deleted (by the garbage collector with its Proxy, or by
+        # someone): the leader's writer forgets what it wrote for it (watch threads).
+        self.on_deleted: Callable[[str], None] = lambda uid: None
         self.watchers = [
             Watcher(
                 api,
@@ -183,14 +188,25 @@ class CredentialsReader:
                 known.pop(obj["key"], None)
             else:
                 known[obj["key"]] = obj["credentials"]
+        if kind == "DELETED" and obj.get("owner"):
+            self.on_deleted(obj["owner"])
         self.on_change(obj["key"])
 
 
 def slim_secret(obj: Obj) -> Obj:
-    """Only the proxy's key and its parsed credentials are kept (None when the Secret is not readable)."""
+    """Only the proxy's key, its parsed credentials (None when the Secret is not readable) and the uid of
+    the Proxy that owns it (None without one) are kept; the reader keeps the credentials alone."""
     meta = obj.get("metadata") or {}
     key = f"{meta.get('namespace')}/{(meta.get('labels') or {}).get(PROXY_LABEL)}"
-    return {"key": sys.intern(key), "credentials": parse(obj.get("data") or {})}  # the watched copy's key
+    owner = next(
+        (
+            ref.get("uid")
+            for ref in meta.get("ownerReferences") or []
+            if isinstance(ref, dict) and ref.get("kind") == "Proxy"
+        ),
+        None,
+    )
+    return {"key": sys.intern(key), "credentials": parse(obj.get("data") or {}), "owner": owner}
 
 
 def parse(data: dict[str, str]) -> Credentials | None:

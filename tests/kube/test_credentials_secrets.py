@@ -111,6 +111,36 @@ def test_the_reader_follows_the_secrets_and_resumes_after_a_cut_watch(
         reader.stop()
 
 
+def test_a_deleted_secret_is_forgotten_by_the_writer_and_written_again(
+    kube_client: ApiClient, ns: str
+) -> None:
+    """The reader tells the leader's writer (service/incluster.py wires `on_deleted` to `forget`) the uid of
+    the Proxy whose Secret went: with its Proxy (the garbage collector; none runs here, so the Secret is
+    deleted by hand), the writer keeps nothing of it; deleted by someone, the next publish writes it again."""
+    ref = create_proxy(kube_client, ns, "healed")
+    writer, deleted = CredentialsWriter(kube_client), list[str]()
+    reader = CredentialsReader(kube_client, [ns])
+
+    def forget(uid: str) -> None:
+        deleted.append(uid)
+        writer.forget(uid)
+
+    reader.on_deleted = forget
+    reader.start()
+    try:
+        assert reader.synced(WAIT)
+        assert writer.write(ref, CREDS)
+        eventually(lambda: reader.credentials(ref.key) == CREDS.as_dict(), "the Secret reached the reader")
+        assert not writer.write(ref, CREDS)  # unchanged: no call at all
+        request_json(kube_client, "DELETE", f"/api/v1/namespaces/{ns}/secrets/{secret_name(ref.name)}")
+        eventually(lambda: deleted == [ref.uid], "the deletion reached the writer")
+        assert writer.write(ref, CREDS), "the same credentials are written again"
+        eventually(lambda: reader.credentials(ref.key) == CREDS.as_dict(), "the Secret is back")
+        assert writer._written == {ref.uid: CREDS}
+    finally:
+        reader.stop()
+
+
 def test_other_secrets_are_not_credentials(kube_client: ApiClient, ns: str) -> None:
     ref = create_proxy(kube_client, ns, "other")
     labels = {"app.kubernetes.io/managed-by": "proxy-operator", "crawl.example.com/proxy": "other"}

@@ -80,6 +80,9 @@ def main(kubeconfig: Path, namespace: str, state_dir: Path, seconds: float | Non
                 "loaded": loaded(),
                 "terms": mode.terms,
                 "served": sorted(endpoint.key for endpoint in mode.inventory.endpoints()),
+                # wiring checked where the mode is built (test_lazy_imports.py)
+                "writer_forgets_deleted_secrets": mode.credentials.on_deleted
+                == mode.credentials_writer.forget,
             }
         )
     )

@@ -42,6 +42,8 @@ def test_the_in_cluster_service_is_built_without_the_engine_sdk(tmp_path: Path) 
     kubeconfig.write_text(KUBECONFIG)
     found = fresh(["-m", "tests.service.follower_modules", str(kubeconfig), "default", str(tmp_path / "s")])
     assert found["built"] == [], f"a follower's import set regained {found['built']}"
+    # the same build, another wiring: a deleted credentials Secret is forgotten by the leader's writer
+    assert found["writer_forgets_deleted_secrets"], "CredentialsReader.on_deleted is not the writer's forget"
 
 
 def test_the_engine_imports_the_sdk_at_its_first_call(pulumi_env: PulumiEnv, tmp_path: Path) -> None:
