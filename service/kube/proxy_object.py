@@ -85,7 +85,9 @@ class ProxyObject:
         # One string per Proxy, as Proxy.key (the cache's dict holds the same): made once, not on each read
         # (passes over 10,000 read it often).
         self.key = sys.intern(f"{namespace}/{name}")
-        self.generation, self.resource_version = generation, resource_version
+        # The apiserver's versions are decimal numbers (opaque to clients: compared, never ordered): kept
+        # as an int when the text is one's (28 bytes, the text 55), as given otherwise.
+        self.generation, self.resource_version = generation, _version(resource_version)
         self.deleting, self.finalized, self.bare = deleting, finalized, bare
         self._body, self._left_out = _pack_body(body, self._identity())
         self._status = _deflate(_pack(status)) if status else b""
@@ -136,6 +138,15 @@ class ProxyObject:
 
     def __repr__(self) -> str:
         return f"ProxyObject({self.key}, rv={self.resource_version}, deleting={self.deleting})"
+
+
+def _version(text: str) -> int | str:
+    """`text` as an int when it is one's decimal text (`str` of the int gives it back), else itself."""
+    if text.isascii() and text.isdigit():
+        number = int(text)
+        if str(number) == text:
+            return number
+    return text
 
 
 def _pack(obj: Obj) -> str:

@@ -10,10 +10,10 @@ import copy
 import json
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from service.kube.proxy_object import ProxyObject, proxy_object, slim_proxy
+from service.kube.proxy_object import ProxyObject, _version, proxy_object, slim_proxy
 from stacks.compact import PROXY_PACKER
 from stacks.models import API_VERSION, KIND
 from tests.stacks.test_crd import example_proxies
@@ -251,3 +251,13 @@ FIELDS: dict[str, Any] = {
     "finalized": True,
     "body": {"spec": {"port": 1}},
 }
+
+
+@given(a=st.one_of(st.text(max_size=8), st.integers(0, 10**20).map(str)), b=st.text(max_size=8))
+@example(a="7", b="07")
+@example(a="١٢", b="12")  # other scripts' digits stay text
+def test_resource_versions_kept_as_ints_compare_as_their_texts(a: str, b: str) -> None:
+    """A watched copy keeps its resourceVersion as an int when the text is one's: two copies still compare
+    equal exactly when their versions' texts are equal."""
+    assert (_version(a) == _version(b)) is (a == b)
+    assert str(_version(a)) == a
