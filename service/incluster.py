@@ -103,6 +103,10 @@ class ClusterMode:
         )
         self.credentials_writer = CredentialsWriter(api)
         self.credentials.on_deleted = self.credentials_writer.forget
+        self.credentials.shared, self.credentials_writer.known = (
+            self.credentials_writer.shared,
+            self.credentials.held,
+        )
         # A new leader compares each status with the watched copy, not a GET per Proxy (the intake).
         self.status_writer = StatusWriter(
             api,

@@ -85,12 +85,18 @@ class CredentialsWriter:
         self.writes = 0
         self._written: dict[str, Credentials] = {}  # uid -> credentials applied
         self._lock = threading.Lock()
+        # What the reader holds for a key (service/incluster.py wires `CredentialsReader.held`): an equal
+        # object is kept instead of a second one (about 110 bytes a proxy; `shared` is the other way).
+        self.known: Callable[[str], Credentials | None] = lambda key: None
 
     def write(self, ref: ProxyRef, credentials: Credentials) -> bool:
         """Apply the Secret unless it already holds these credentials; True when it was written."""
         with self._lock:
-            if self._written.get(ref.uid) == credentials:
-                return False
+            written = self._written.get(ref.uid)
+        if written == credentials:
+            if written is not self.known(ref.key) and written is not None:
+                self._keep(ref, written)  # the reader's copy once it has one
+            return False
         request_json(
             self.api,
             "PATCH",
@@ -99,10 +105,22 @@ class CredentialsWriter:
             body=secret_body(ref, credentials),
             content_type="application/apply-patch+yaml",  # JSON is YAML
         )
+        self._keep(ref, credentials)
         with self._lock:
-            self._written[ref.uid] = credentials
             self.writes += 1
         return True
+
+    def _keep(self, ref: ProxyRef, credentials: Credentials) -> None:
+        held = self.known(ref.key)
+        with self._lock:
+            self._written[ref.uid] = held if held == credentials else credentials
+
+    def shared(self, uid: str | None, credentials: Credentials) -> Credentials:
+        """`credentials` (read from the Secret of the Proxy `uid`), or this writer's equal copy: the reader
+        keeps that one, not a second."""
+        with self._lock:
+            written = self._written.get(uid) if uid is not None else None
+        return written if written is not None and written == credentials else credentials
 
     def forget(self, uid: str) -> None:
         """The Proxy's Secret is gone (with the Proxy, or deleted by someone: the next publish writes it
@@ -140,6 +158,8 @@ class CredentialsReader:
         # The uid of the Proxy whose Secret was deleted (by the garbage collector with its Proxy, or by
         # someone): the leader's writer forgets what it wrote for it (watch threads).
         self.on_deleted: Callable[[str], None] = lambda uid: None
+        # (owner uid, credentials read) -> the object to keep: the leader's writer gives its equal copy.
+        self.shared: Callable[[str | None, Credentials], Credentials] = lambda uid, credentials: credentials
         self.watchers = [
             Watcher(
                 api,
@@ -173,8 +193,18 @@ class CredentialsReader:
             found = (self._known.get(namespace) or self._known.get("") or {}).get(key)
         return found.as_dict() if found is not None else None
 
+    def held(self, key: str) -> Credentials | None:
+        """The credentials object kept for `key` (not a copy: the writer keeps the same one)."""
+        namespace = key.partition("/")[0]
+        with self._lock:
+            return (self._known.get(namespace) or self._known.get("") or {}).get(key)
+
     def _listed(self, scope: str, items: list[Obj]) -> None:
-        fresh = {item["key"]: item["credentials"] for item in items if item.get("credentials")}
+        fresh = {
+            item["key"]: self.shared(item.get("owner"), item["credentials"])
+            for item in items
+            if item.get("credentials")
+        }
         with self._lock:
             known, self._known[scope] = self._known[scope], fresh
         for key in set(known) | set(fresh):
@@ -182,12 +212,16 @@ class CredentialsReader:
                 self.on_change(key)
 
     def _event(self, scope: str, kind: str, obj: Obj) -> None:
+        gone = kind == "DELETED" or not obj.get("credentials")
+        credentials = (
+            None if gone else self.shared(obj.get("owner"), obj["credentials"])
+        )  # not under the lock
         with self._lock:
             known = self._known[scope]
-            if kind == "DELETED" or not obj.get("credentials"):
+            if credentials is None:
                 known.pop(obj["key"], None)
             else:
-                known[obj["key"]] = obj["credentials"]
+                known[obj["key"]] = credentials
         if kind == "DELETED" and obj.get("owner"):
             self.on_deleted(obj["owner"])
         self.on_change(obj["key"])

@@ -81,8 +81,11 @@ def main(kubeconfig: Path, namespace: str, state_dir: Path, seconds: float | Non
                 "terms": mode.terms,
                 "served": sorted(endpoint.key for endpoint in mode.inventory.endpoints()),
                 # wiring checked where the mode is built (test_lazy_imports.py)
-                "writer_forgets_deleted_secrets": mode.credentials.on_deleted
-                == mode.credentials_writer.forget,
+                "credentials_wired": (
+                    mode.credentials.on_deleted == mode.credentials_writer.forget
+                    and mode.credentials.shared == mode.credentials_writer.shared
+                    and mode.credentials_writer.known == mode.credentials.held
+                ),
             }
         )
     )

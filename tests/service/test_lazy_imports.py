@@ -42,8 +42,9 @@ def test_the_in_cluster_service_is_built_without_the_engine_sdk(tmp_path: Path) 
     kubeconfig.write_text(KUBECONFIG)
     found = fresh(["-m", "tests.service.follower_modules", str(kubeconfig), "default", str(tmp_path / "s")])
     assert found["built"] == [], f"a follower's import set regained {found['built']}"
-    # the same build, another wiring: a deleted credentials Secret is forgotten by the leader's writer
-    assert found["writer_forgets_deleted_secrets"], "CredentialsReader.on_deleted is not the writer's forget"
+    # the same build, another wiring: the credentials reader and the leader's writer share their copies, and
+    # the writer forgets a deleted Secret (tests/kube/test_credentials_secrets.py)
+    assert found["credentials_wired"], "CredentialsReader and CredentialsWriter are not wired to each other"
 
 
 def test_the_engine_imports_the_sdk_at_its_first_call(pulumi_env: PulumiEnv, tmp_path: Path) -> None:
