@@ -42,12 +42,12 @@ class ProxyObject:
 
     `body` (metadata: name, namespace, labels, annotations, uid, generation, deletionTimestamp; and spec) and
     `status` are kept as compact JSON text, deflated (each with a dictionary of its own), a tenth of the size
-    of the dicts or less
-    (the service watches 10,000 Proxies at once), and decoded on each read: every caller gets its own
-    copy, the body equal to the one given after a JSON round trip (keys sorted). The body's text leaves out
-    each identity field equal to the object's own (`_left_out` says which): compare bodies with
-    `same_body`, not by their text. `stack` and `observed_generation` are the status's `stack` (interned)
-    and `observedGeneration`, None when absent or not of the type the CRD gives them (string, integer).
+    of the dicts or less (the service watches 10,000 Proxies at once), and decoded on each read: every
+    caller gets its own copy, the body equal to the one given after a JSON round trip (keys sorted). The
+    body's text leaves out each identity field equal to the object's own (`_left_out` says which): compare
+    bodies with `same_body`, not by their text. `stack` and `observed_generation` are the status's `stack`
+    (interned) and `observedGeneration`, None when absent or not of the type the CRD gives them (string,
+    integer).
     """
 
     __slots__ = (
