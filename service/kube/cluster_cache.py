@@ -242,8 +242,12 @@ class ClusterCache:
             self.on_change()
 
     def _put(self, obj: ProxyObject) -> ProxyObject | None:
-        """Keep `obj` in place of the object of its key (under the lock); returns the one it replaced."""
+        """Keep `obj` in place of the object of its key (under the lock); returns the one it replaced. The
+        same Proxy's uid stays the first copy's string: the status and credentials writers keep it as a key,
+        and each status write read back would otherwise leave them a copy of their own (85 bytes a proxy)."""
         previous = self._objects.get(obj.key)
+        if previous is not None and previous.uid == obj.uid:
+            obj.uid = previous.uid
         self._objects[obj.key] = obj
         if previous is not None and previous.stack != obj.stack:
             self._unindex(previous)

@@ -83,3 +83,23 @@ def test_the_stack_index_agrees_with_the_decoded_statuses(steps: list[Any], aske
         else:
             assert cache._by_stack is None, "an index made before anyone asked"
     assert_agrees(cache)
+
+
+def test_a_proxys_uid_stays_one_string_across_its_watched_copies() -> None:
+    """The writers key what they wrote by uid: each status write read back makes a new watched copy, whose
+    uid must be the string they already hold, not an equal one (85 bytes a proxy at 10,000)."""
+    cache = ClusterCache(ApiClient(), KubeSettings(namespaces=[NS], namespace=NS))
+    cache._proxy_event("ADDED", watched("p0", 1, {}))
+    first = cache.objects()[0].uid
+    again = watched("p0", 1, {"stack": "a"})
+    assert again.uid == first
+    assert again.uid is not first  # decoded again: an equal string of its own
+    cache._proxy_event("MODIFIED", again)
+    assert cache.objects()[0].uid is first
+    cache._proxy_lister(PATH)([watched("p0", 2, {"stack": "b"})])
+    assert cache.objects()[0].uid is first
+    cache._proxy_event("DELETED", watched("p0", 2, {}))
+    renewed = watched("p0", 1, {})
+    renewed.uid = "uid-p0-new"
+    cache._proxy_event("ADDED", renewed)
+    assert cache.objects()[0].uid == "uid-p0-new", "another Proxy of the same name: its own uid"
