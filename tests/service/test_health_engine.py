@@ -102,14 +102,23 @@ class CountingProber:
         self.in_flight = 0
         self.most = 0
         self.calls = 0
+        self.keys: list[str] = []  # each probe's proxy, in order
 
     async def probe(self, endpoint: ProxyEndpoint) -> ProbeResult:
         self.in_flight += 1
         self.calls += 1
+        self.keys.append(endpoint.key)
         self.most = max(self.most, self.in_flight)
         await asyncio.sleep(0.01)
         self.in_flight -= 1
         return ProbeResult(True, "ok", 0.01, egress_ip=f"10.0.0.{self.calls % 250}")
+
+    async def until(self, calls: int) -> None:
+        """Until `calls` probes were made, 2 s at most (the test's assertions then say what is missing)."""
+        for _ in range(200):
+            if self.calls >= calls:
+                return
+            await asyncio.sleep(0.01)
 
 
 def test_probes_in_flight_are_bounded() -> None:
@@ -130,10 +139,7 @@ def test_the_prober_task_probes_every_interval_and_stops_cleanly() -> None:
 
     async def scenario() -> None:
         task = asyncio.create_task(engine.run(), name="prober")
-        for _ in range(200):  # bounded: at most 2 s
-            if prober.calls >= 15:
-                break
-            await asyncio.sleep(0.01)
+        await prober.until(15)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         assert prober.most <= 2
@@ -154,19 +160,15 @@ def test_a_proxy_that_left_the_inventory_is_reported_gone_once_and_no_longer_pro
 
     async def scenario() -> None:
         task = asyncio.create_task(engine.run(), name="prober")
-        for _ in range(200):  # bounded: at most 2 s
-            if prober.calls >= 6:
-                break
-            await asyncio.sleep(0.01)
+        await prober.until(6)
         inventory.remove("default/a")
         inventory.upsert(endpoint("b", host=None))  # no address: unscheduled, still in the inventory
-        calls = prober.calls
-        for _ in range(200):
-            if prober.calls >= calls + 6:
-                break
-            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.06)  # past one interval: a probe of either in flight has ended
+        since = len(prober.keys)
+        await prober.until(since + 6)
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        assert set(prober.keys[since:]) == {"default/c"}, "only the proxy with an address is probed"
 
     asyncio.run(scenario())
     assert gone == ["default/a"]
