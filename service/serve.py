@@ -135,7 +135,10 @@ def _assemble(
     else:
         kube = kube or KubeSettings()
         controller = ClusterMode(
-            settings=settings, kube=kube, api=api_client(kube.kubeconfig), inventory=inventory
+            settings=settings,
+            kube=kube,
+            api=api_client(kube.kubeconfig, kube.service_account_dir),
+            inventory=inventory,
         )
     registry = CollectorRegistry()
     probes = ui.ProbeHistory()  # the fleet page's chart of each proxy's last probes

@@ -11,10 +11,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
-from kubernetes.client import ApiClient
+from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 from kubernetes.client.rest import RESTResponse
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.incluster_config import InClusterConfigLoader
+
+from service.kube.settings import SERVICE_ACCOUNT_DIR
 
 __all__ = ["ApiException", "KubeClientError", "api_client", "call", "in_cluster", "request_json"]
 
@@ -30,15 +33,24 @@ def in_cluster() -> bool:
     return bool(os.environ.get(SERVICE_HOST_ENV))
 
 
-def api_client(kubeconfig: Path | None) -> ApiClient:
-    """An ApiClient from `kubeconfig`, else from the pod's ServiceAccount."""
+def api_client(kubeconfig: Path | None, service_account: Path = SERVICE_ACCOUNT_DIR) -> ApiClient:
+    """An ApiClient from `kubeconfig`, else from the pod's ServiceAccount (`service_account`: the folder
+    holding its `token` and `ca.crt`; the token is read again as the kubelet rotates it).
+
+    Only a kubeconfig imports the client's kubeconfig loader (and requests, oauthlib and google-auth with
+    it: service/lean_packages.py)."""
     try:
         if kubeconfig is not None:
-            return config.new_client_from_config(config_file=str(kubeconfig))
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
+            from kubernetes.config.kube_config import new_client_from_config
+
+            return new_client_from_config(config_file=str(kubeconfig))
+        configuration = Configuration()
+        loader = InClusterConfigLoader(
+            token_filename=str(service_account / "token"), cert_filename=str(service_account / "ca.crt")
+        )
+        loader.load_and_set(configuration)
         return ApiClient(configuration)
-    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
+    except (ConfigException, OSError, ValueError, TypeError) as exc:
         where = f"kubeconfig {kubeconfig}" if kubeconfig else "the pod's ServiceAccount (in-cluster)"
         raise KubeClientError(f"cannot configure the Kubernetes client from {where}: {exc}") from exc
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# Where a pod finds its own namespace (the ServiceAccount volume the kubelet mounts).
-POD_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Where the kubelet mounts a pod's ServiceAccount (token, ca.crt, namespace).
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 
 
 class KubeSettings(BaseSettings):
@@ -20,6 +20,12 @@ class KubeSettings(BaseSettings):
 
     kubeconfig: Path | None = Field(
         None, description="A kubeconfig file; default: the pod's ServiceAccount (in-cluster configuration)."
+    )
+    service_account_dir: Path = Field(
+        SERVICE_ACCOUNT_DIR,
+        description="Without a kubeconfig: the folder holding the ServiceAccount's `token`, `ca.crt` and "
+        "`namespace` (the kubelet's mount in a pod; the API server's address comes from "
+        "KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT).",
     )
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces whose Proxies are watched; empty: all namespaces."
@@ -81,6 +87,6 @@ class KubeSettings(BaseSettings):
         if self.namespace:
             return self.namespace
         try:
-            return POD_NAMESPACE_FILE.read_text().strip() or "proxy-operator"
+            return (self.service_account_dir / "namespace").read_text().strip() or "proxy-operator"
         except OSError:
             return "proxy-operator"

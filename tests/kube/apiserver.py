@@ -58,6 +58,18 @@ class KubeApi:
         """A new `kubernetes` ApiClient from the kubeconfig (close it when done)."""
         return config.new_client_from_config(config_file=str(self.kubeconfig))
 
+    def service_account(self, folder: Path, namespace: str) -> dict[str, str]:
+        """What a pod of `namespace` is given to reach this API server as its admin: `folder` filled as
+        the kubelet's ServiceAccount mount (token, ca.crt, namespace), and the environment it sets (to
+        add to a process's). The service reads it with `PROXY_OPERATOR_KUBE_SERVICE_ACCOUNT_DIR=folder`
+        and no kubeconfig: the in-cluster configuration a replica in a pod has."""
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "token").write_text(self.token)
+        (folder / "ca.crt").write_bytes(self.ca_file.read_bytes())
+        (folder / "namespace").write_text(namespace)
+        host, _, port = self.url.removeprefix("https://").rpartition(":")
+        return {"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": port}
+
 
 @dataclass
 class Child:

@@ -270,9 +270,11 @@ def test_a_relist_after_a_watch_gap_comes_out_right(tmp_path: Path) -> None:
 def test_a_follower_serves_without_importing_the_engine_sdk(
     kube_api: KubeApi, follower: Follower, tmp_path: Path
 ) -> None:
-    """`serve --kubeconfig` as a follower (the Lease held by a leader that is not running), in a fresh
-    interpreter: it serves the leader's proxy and never imports the Pulumi SDK, gRPC or protobuf (issue
-    20: about 33 MiB of its RSS). A leader imports them at its first CLI call (test_lazy_imports.py)."""
+    """`serve` as a follower (the Lease held by a leader that is not running), in a fresh interpreter,
+    configured as in a pod (a ServiceAccount folder, no kubeconfig): it serves the leader's proxy and never
+    imports the Pulumi SDK, gRPC or protobuf (issue 20: about 33 MiB of its RSS), nor the `kubernetes`
+    package's kubeconfig loader, requests and oauthlib (6.5 MiB). A leader imports the SDK at its first CLI
+    call (test_lazy_imports.py)."""
     record = LeaseRecord.first("elsewhere", now=datetime.now(UTC), duration=600)
     write_lease(
         follower.api,
@@ -285,13 +287,15 @@ def test_a_follower_serves_without_importing_the_engine_sdk(
     follower.create("p1", port=18531)
     follower.write_status("p1", port=18531)
     follower.settle(lambda: follower.port("p1") == 18531, "the leader's status watched")
-    args = [str(kube_api.kubeconfig), follower.namespace, str(tmp_path / "state"), "6"]
+    # configured as in a pod: a ServiceAccount folder and the kubelet's environment, no kubeconfig
+    pod = kube_api.service_account(tmp_path / "serviceaccount", follower.namespace)
+    args = [str(tmp_path / "serviceaccount"), follower.namespace, str(tmp_path / "state"), "6"]
     done = subprocess.run(
         [sys.executable, "-m", "tests.service.follower_modules", *args],
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, **pod, "PYTHONPATH": str(ROOT)},
         timeout=120,
         check=False,
     )

@@ -1,10 +1,13 @@
 """Run in a fresh interpreter: what a follower's process has imported (issue 20, the lazy imports).
 
-`python -m tests.service.follower_modules KUBECONFIG NAMESPACE STATE_DIR [SECONDS]` imports the CLI
-(`serve`'s entry point), builds the in-cluster service as `serve --kubeconfig` does and, with SECONDS, runs
-it that long: a follower when another replica holds the Lease. It prints one JSON line: which of `HEAVY` it
-imported, how many terms it led, and the keys its inventory served. Without SECONDS nothing contacts the API
-server (the kubeconfig may name an address where nothing listens).
+`python -m tests.service.follower_modules CONFIG NAMESPACE STATE_DIR [SECONDS]` imports the CLI
+(`serve`'s entry point), builds the in-cluster service as `serve` does and, with SECONDS, runs it that
+long: a follower when another replica holds the Lease. CONFIG is a kubeconfig file (`serve --kubeconfig`),
+or a folder holding a ServiceAccount's token, ca.crt and namespace (a pod's configuration: the caller sets
+KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT; `KubeApi.service_account`). It prints one JSON line:
+which of `HEAVY` (and, configured as in a pod, of `HEAVY_IN_POD`) it imported, how many terms it led, and
+the keys its inventory served. Without SECONDS nothing contacts the API server (the configuration may name
+an address where nothing listens).
 """
 
 from __future__ import annotations
@@ -32,10 +35,25 @@ HEAVY = (
     "stacks.programs",
     "httpx",
 )
+# What a replica in a pod (no kubeconfig) never needs either: the `kubernetes` package's other features and
+# its kubeconfig loader, with requests, oauthlib and google-auth (about 6.5 MiB: service/lean_packages.py).
+HEAVY_IN_POD = (
+    "kubernetes.config.kube_config",
+    "kubernetes.dynamic",
+    "kubernetes.stream",
+    "kubernetes.informer",
+    "kubernetes.leaderelection",
+    "websocket",
+    "requests",
+    "requests_oauthlib",
+    "oauthlib",
+    "google.auth",
+)
 
 
-def loaded() -> list[str]:
-    return [name for name in HEAVY if name in sys.modules]
+def loaded(in_pod: bool = False) -> list[str]:
+    names = HEAVY + HEAVY_IN_POD if in_pod else HEAVY
+    return [name for name in names if name in sys.modules]
 
 
 async def follow(service: object, seconds: float) -> None:
@@ -48,7 +66,7 @@ async def follow(service: object, seconds: float) -> None:
     await asyncio.wait_for(task, timeout=30)
 
 
-def main(kubeconfig: Path, namespace: str, state_dir: Path, seconds: float | None) -> None:
+def main(config: Path, namespace: str, state_dir: Path, seconds: float | None) -> None:
     import service.cli  # the entry point `proxy-operator serve` imports first
     from service.config import OperatorSettings
     from service.incluster import ClusterMode
@@ -56,8 +74,10 @@ def main(kubeconfig: Path, namespace: str, state_dir: Path, seconds: float | Non
     from service.serve import build_service
 
     settings = OperatorSettings(state_dir=state_dir, listen_port=0)
+    in_pod = config.is_dir()
+    where = {"service_account_dir": config} if in_pod else {"kubeconfig": config}
     kube = KubeSettings(
-        kubeconfig=kubeconfig,
+        **where,
         namespaces=[namespace],
         namespace=namespace,
         identity="follower",
@@ -68,7 +88,7 @@ def main(kubeconfig: Path, namespace: str, state_dir: Path, seconds: float | Non
     service = build_service(settings, None, kube=kube)
     mode = service.controller
     assert isinstance(mode, ClusterMode)
-    built = loaded()
+    built = loaded(in_pod)
     if seconds is not None:
         asyncio.run(follow(service, seconds))
     else:
@@ -77,7 +97,7 @@ def main(kubeconfig: Path, namespace: str, state_dir: Path, seconds: float | Non
         json.dumps(
             {
                 "built": built,
-                "loaded": loaded(),
+                "loaded": loaded(in_pod),
                 "terms": mode.terms,
                 "served": sorted(endpoint.key for endpoint in mode.inventory.endpoints()),
                 # wiring checked where the mode is built (test_lazy_imports.py)

@@ -26,8 +26,8 @@ current-context: none
 """
 
 
-def fresh(args: list[str], *, cwd: Path = ROOT) -> dict[str, list[str]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+def fresh(args: list[str], *, cwd: Path = ROOT, env: dict[str, str] | None = None) -> dict[str, list[str]]:
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120, check=False
     )
@@ -45,6 +45,21 @@ def test_the_in_cluster_service_is_built_without_the_engine_sdk(tmp_path: Path) 
     # the same build, another wiring: the credentials reader and the leader's writer share their copies, and
     # the writer forgets a deleted Secret (tests/kube/test_credentials_secrets.py)
     assert found["credentials_wired"], "CredentialsReader and CredentialsWriter are not wired to each other"
+
+
+def test_in_a_pod_the_service_is_built_without_the_kubeconfig_loader(tmp_path: Path) -> None:
+    """Configured as in a pod (a ServiceAccount folder, no kubeconfig): nor the `kubernetes` package's
+    other features, nor its kubeconfig loader with requests and oauthlib (service/lean_packages.py)."""
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    (account / "token").write_text("unused")
+    (account / "ca.crt").write_text("-----BEGIN CERTIFICATE-----\nunused\n-----END CERTIFICATE-----\n")
+    (account / "namespace").write_text("default")
+    pod = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "9"}
+    args = ["-m", "tests.service.follower_modules", str(account), "default", str(tmp_path / "s")]
+    found = fresh(args, env=pod)
+    assert found["built"] == [], f"a replica in a pod imported {found['built']}"
+    assert found["credentials_wired"]
 
 
 def test_the_engine_imports_the_sdk_at_its_first_call(pulumi_env: PulumiEnv, tmp_path: Path) -> None:
