@@ -1,9 +1,11 @@
 """Benchmark: the in-cluster service watching 10,000 Proxies in a real API server: its memory, how long it
 takes them in, how quiet it is after, and the time from a spec change to the `up` starting.
 
-Against the tests' etcd + kube-apiserver (tests/kube/apiserver.py). The service is `proxy-operator serve
---kubeconfig` in its own process, so the RSS and PSS read from /proc are its own (its Pulumi children are
-other processes). Asserts nothing about time or memory; prints figures and ratios against:
+Against the tests' etcd + kube-apiserver (tests/kube/apiserver.py). The service is `proxy-operator serve`
+in its own process, configured as in a pod (a ServiceAccount folder and the kubelet's environment, as
+deploy/ runs it; BENCH_KUBECONFIG=1: `--kubeconfig`, which also imports the client's kubeconfig loader), so
+the RSS and PSS read from /proc are its own (its Pulumi children are other processes). Asserts nothing
+about time or memory; prints figures and ratios against:
 - the seed's memory goal (128 MiB) and the same service watching no Proxy (measured first, in the same run);
 - for the latency, the same edit in the folder mode (`serve --manifests`, one proxy), also measured here.
 
@@ -90,6 +92,7 @@ SETTLE = 10.0  # no write to any Proxy for this long: the service has settled
 PROXIES_PATH = f"{BASE}/namespaces/{NAMESPACE}/proxies"
 VENV_BIN = Path(sys.executable).parent
 TRACEMALLOC = bool(os.environ.get("BENCH_TRACEMALLOC"))
+KUBECONFIG_MODE = bool(os.environ.get("BENCH_KUBECONFIG"))  # `--kubeconfig` instead of a pod's configuration
 CENSUS = bool(os.environ.get("BENCH_CENSUS"))
 SERVICE_ENV = {
     "PATH": f"{ROOT / '.tools' / 'bin'}:{VENV_BIN}:{os.environ['PATH']}",
@@ -178,6 +181,16 @@ def service(
         running.stop()
 
 
+def configured(kube: KubeApi, tmp: Path) -> tuple[list[str], dict[str, str]]:
+    """`serve`'s arguments and environment to reach the API server: as in a pod (a ServiceAccount folder,
+    KUBERNETES_SERVICE_HOST and _PORT; what deploy/ runs), or `--kubeconfig` with BENCH_KUBECONFIG=1."""
+    if KUBECONFIG_MODE:
+        return ["--kubeconfig", str(kube.kubeconfig)], {}
+    folder = tmp / "serviceaccount"
+    pod = kube.service_account(folder, NAMESPACE)
+    return [], {**pod, "PROXY_OPERATOR_KUBE_SERVICE_ACCOUNT_DIR": str(folder)}
+
+
 def cluster_service(kube: KubeApi, tmp: Path, identity: str, run: str = "") -> Any:
     env = {
         "PROXY_OPERATOR_KUBE_NAMESPACES": json.dumps([NAMESPACE]),
@@ -186,7 +199,8 @@ def cluster_service(kube: KubeApi, tmp: Path, identity: str, run: str = "") -> A
         # A Lease of its own: a predecessor's Lease left held would delay the start by a lease duration.
         "PROXY_OPERATOR_KUBE_LEASE_NAME": identity,
     }
-    return service(["--kubeconfig", str(kube.kubeconfig)], tmp=tmp, name=identity, env=env, run=run)
+    args, pod = configured(kube, tmp)
+    return service(args, tmp=tmp, name=identity, env={**pod, **env}, run=run)
 
 
 def sample_memory(svc: Service, *, seconds: float, every: float = 2.0) -> list[tuple[float, float]]:
@@ -530,7 +544,8 @@ def leader_phase(
 
 def _follower(tmp: Path, kube: KubeApi) -> FollowerRun:
     def start(env: dict[str, str]) -> Any:
-        return service(["--kubeconfig", str(kube.kubeconfig)], tmp=tmp, name="bench-follower", env=env)
+        args, pod = configured(kube, tmp)
+        return service(args, tmp=tmp, name="bench-follower", env={**pod, **env})
 
     token = tmp / "state-bench-follower" / "dev-token"
     return FollowerRun(

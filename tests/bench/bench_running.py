@@ -3,8 +3,9 @@ leased from at 500/s, against the tests' etcd + kube-apiserver.
 
 The Proxies are spread over BENCH_STACKS `local` entries with `processModel: shared` and `checkpoints: end`
 (docs/decisions.md, "Checkpoints"): one listener process per entry serves each proxy on its own port with its
-own generated credentials, egress policy and lease users. The service is `proxy-operator serve --kubeconfig`
-in its own process (its RSS is its own: the engine and the listeners are other processes), with the default
+own generated credentials, egress policy and lease users. The service is `proxy-operator serve` configured as
+in a pod (bench_incluster.configured; BENCH_KUBECONFIG=1: `--kubeconfig`, 6.5 MiB more of imports), in its
+own process (its RSS is its own: the engine and the listeners are other processes), with the default
 health probing every 10 s, through each proxy to an echo route in a process of its own (as the issue allows:
 the probes' targets are not the service's work; BENCH_ECHO=service probes the service's own /v1/echo).
 
@@ -63,6 +64,7 @@ from tests.bench.bench_incluster import (  # noqa: E402
     _read,
     _served_url,
     _until,
+    configured,
     create_proxies,
     prepare_cluster,
     service,
@@ -193,7 +195,9 @@ def run(tmp: Path) -> None:
         catalogue(api, tmp)
         created = _create(kube, api)
         print(f"created {RUNNING} Proxies over {STACKS} shared local entries in {created:.1f} s")
+        args, pod = configured(kube, tmp)
         env = {
+            **pod,
             **LEASE_ENV,
             "PROXY_OPERATOR_KUBE_NAMESPACES": json.dumps([NAMESPACE]),
             "PROXY_OPERATOR_KUBE_NAMESPACE": NAMESPACE,
@@ -202,7 +206,6 @@ def run(tmp: Path) -> None:
             "PROXY_OPERATOR_HEALTH_INTERVAL_SECONDS": "10",
             "PROXY_OPERATOR_HEALTH_HEALTHY_THRESHOLD": "1",
         }
-        args = ["--kubeconfig", str(kube.kubeconfig)]
         name = "bench-full" if TRACEMALLOC else "bench-running"  # bench_incluster traces "bench-full"
         with contextlib.ExitStack() as stack:
             if ECHO == "own":
