@@ -72,6 +72,21 @@ def settle() -> tuple[int, float]:
     return gc.get_freeze_count(), time.perf_counter() - started
 
 
+def release(*, tuned: bool) -> tuple[int, float]:
+    """A full collection now, the frozen objects given back to the collector first: what a leadership
+    term held in reference cycles (its controller, planner, reporter, queue) was frozen with the rest at
+    the last settle, and would stay until the next one (up to `every` seconds) while the next term builds
+    all of it again: two terms' state at once, and the allocator's arenas left fragmented after (a new term
+    at 6,000 running proxies took the service from 162 to 194 MiB). Frozen again after when the tuning is on
+    (`tuned`). Returns (objects frozen, seconds it took)."""
+    if tuned:
+        return settle()
+    started = time.perf_counter()
+    gc.unfreeze()
+    gc.collect()
+    return gc.get_freeze_count(), time.perf_counter() - started
+
+
 def tune(every: float = EVERY, on_settle: OnSettle | None = None) -> bool:
     """At start, once the service's parts are built: a larger young generation and a first settle. False
     (nothing changed) when `every` is 0."""

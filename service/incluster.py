@@ -135,6 +135,9 @@ class ClusterMode:
         self._probing: asyncio.Task[None] | None = None
         self.pool_signals = PoolSignals(inventory)  # discovery's observer (serve attaches it)
         self.pools: ClusterPools | None = None
+        # Called once a term has ended and nothing holds its controller any more (serve.py: a full
+        # collection that frees what the term held in reference cycles, settled objects included).
+        self.on_term_ended: Callable[[], None] = lambda: None
         self.pool_history = PoolHistory()  # the pools' last decisions, kept across terms (the fleet page)
         self._pooling: asyncio.Task[None] | None = None
         self._pools_stop = asyncio.Event()
@@ -313,6 +316,7 @@ class ClusterMode:
         beside the pools and the prober, whose stop may wait for an unreachable apiserver: it never delays
         the term's end. Last, the heartbeat says no operation of ours runs."""
         term = self.term
+        ended = term is not None
         if term is not None:
             term.close()
         self.followed.mark_all()  # the inventory holds what this term published: followed from now on
@@ -338,6 +342,8 @@ class ClusterMode:
         self.term = None
         self.followed.mark_all()  # again: the closing term's reporter may have published meanwhile
         self.status_view.switched()  # what this replica shows is the leader's, from the cluster
+        if ended:
+            self.on_term_ended()  # the term's state given back now, before another term builds its own
 
     # --- pools: the leader's, a fresh one per term (service/kube/pools.py) ---------------------------------
 

@@ -259,6 +259,8 @@ async def serve(service: Service) -> None:
     trim = asyncio.create_task(trim_periodically(service.trim_seconds), name="malloc-trim")
     on_settle = service.gc_metrics.observe if service.gc_metrics else None
     gc_tuning.tune(service.gc_seconds, on_settle)
+    if isinstance(service.controller, ClusterMode):
+        service.controller.on_term_ended = lambda: _release_term(service.gc_seconds > 0, on_settle)
     settle = asyncio.create_task(
         gc_tuning.settle_periodically(service.gc_seconds, on_settle=on_settle), name="gc-settle"
     )
@@ -276,6 +278,14 @@ async def serve(service: Service) -> None:
         await control
         await service.controller.close()
         log.info("stopped cleanly")
+
+
+def _release_term(tuned: bool, on_settle: gc_tuning.OnSettle | None) -> None:
+    """A leadership term ended: what it held goes now, not at the next settle (gc_tuning.release)."""
+    frozen, took = gc_tuning.release(tuned=tuned)
+    log.info("the ended term's state released: a full collection in %.0f ms", took * 1000)
+    if tuned and on_settle is not None:
+        on_settle(frozen, took)
 
 
 # --- parts -------------------------------------------------------------------------------------------

@@ -59,6 +59,25 @@ def test_settled_objects_are_frozen_and_a_later_settle_collects_their_cycles() -
     assert said == ["True", "True", "True", "True", "True"]
 
 
+def test_release_collects_frozen_cycles_and_freezes_again_only_when_tuned() -> None:
+    """A term's end (service/incluster.py, on_term_ended): what the last settle froze is collected now."""
+    said = _run(
+        """
+        for tuned in (True, False):
+            old = cycle()
+            ref = weakref.ref(old)
+            gc.freeze()  # as a settle leaves it
+            del old
+            gc.collect()
+            alive = ref() is not None
+            frozen, took = gc_tuning.release(tuned=tuned)
+            print(alive, ref() is None, (frozen > 0) == tuned, gc.get_freeze_count() == frozen)
+            gc.unfreeze()
+        """
+    )
+    assert said == ["True"] * 8
+
+
 def test_zero_leaves_the_collector_as_it_comes() -> None:
     said = _run(
         """
