@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,6 +19,10 @@ from stacks.models import ProviderEntry, Proxy
 RESOURCE_ANNOTATIONS: tuple[str, ...] = ()
 # Spec fields that only select (discovery pools), never shape a resource.
 SELECTION_ONLY_FIELDS = frozenset({"pool"})
+
+
+# What json.dumps(ensure_ascii=False) writes as an escape in a string: the quote, the backslash, controls.
+_ESCAPED = re.compile(r'["\\\x00-\x1f]')
 
 
 def canonical_json(value: Any) -> str:
@@ -57,8 +62,11 @@ def entry_hash_text(entry: ProviderEntry) -> str:
 
 
 def proxy_hash_fragment(key: str, proxy_hash: str) -> str:
-    """One proxy's item of a stack's hash document, `["ns/name","<hash>"]`: the planner keeps these per
-    stack, so that re-hashing a stack after one change encodes only that proxy's item."""
+    """One proxy's item of a stack's hash document, `["ns/name","<hash>"]`, as `canonical_json` gives it: put
+    together directly when neither string has a character JSON escapes (a Kubernetes name and a hex hash
+    never do; the planner makes one per proxy at each plan of its stack)."""
+    if _ESCAPED.search(key) is None and _ESCAPED.search(proxy_hash) is None:
+        return '["' + key + '","' + proxy_hash + '"]'
     return canonical_json([key, proxy_hash])
 
 

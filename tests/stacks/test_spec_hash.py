@@ -8,7 +8,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from stacks.models import LocalProvider, Proxy
-from stacks.spec_hash import proxy_spec_hash, sha256_hex, stack_spec_hash
+from stacks.spec_hash import (
+    canonical_json,
+    proxy_hash_fragment,
+    proxy_spec_hash,
+    sha256_hex,
+    stack_spec_hash,
+)
 
 
 def make(spec: dict[str, Any] | None = None, **metadata: Any) -> Proxy:
@@ -98,3 +104,16 @@ def test_the_stack_hash_from_its_parts_is_the_hash_of_the_whole_document(
         "proxies": [[key, hashes[key]] for key in sorted(hashes)],
     }
     assert stack_spec_hash(entry, hashes) == sha256_hex(document)
+
+
+@given(key=st.text(), proxy_hash=st.text())
+def test_a_proxy_s_fragment_is_its_canonical_json_whatever_the_text(key: str, proxy_hash: str) -> None:
+    """The planner's fragments are put together without the JSON encoder when nothing needs escaping;
+    the stack hash must stay what it was (a different text would run every stack's `up` once)."""
+    assert proxy_hash_fragment(key, proxy_hash) == canonical_json([key, proxy_hash])
+
+
+def test_a_fragment_with_a_character_to_escape_is_escaped() -> None:
+    for key in ['a"b', "a\\b", "a\x01b", "a\nb"]:
+        assert proxy_hash_fragment(key, "00") == canonical_json([key, "00"])
+        assert proxy_hash_fragment("ns/a", key) == canonical_json(["ns/a", key])
