@@ -83,7 +83,7 @@ _STATUS_WORDS = (
     '{"conditions":[{"lastTransitionTime":"' + _T + '","message":"a run of its stack is in progress",'
     '"reason":"Provisioning","status":"False","type":"Ready"}],"lastOperation":{"message":"",'
     '"result":"in-progress","startedAt":"' + _T + '","type":"up"},"phase":"Provisioning"}'
-    # and the commonest of all, last: a proxy that runs and answers its probes (held twice on a leader)
+    # and the commonest of all, last: a proxy that runs and answers its probes (one copy, writer and watch)
     '{"address":{"host":"","port":},"conditions":[{"lastTransitionTime":"' + _T + '",'
     '"message":"applied in stack ","reason":"Provisioned","status":"True","type":"Provisioned"},'
     '{"lastTransitionTime":"' + _T + '","message":"","reason":"Reconciled","status":"False",'
