@@ -12,31 +12,39 @@ import yaml
 from automation.engine import Engine, EngineConfig
 from automation.engine.workdir import write_project_file
 
+READS = 150  # reads of the file made while both makers are making workspaces
+
 
 def test_workspaces_made_side_by_side_never_show_a_reader_an_empty_project_file(tmp_path: Path) -> None:
     engine = Engine(EngineConfig(backend_url=f"file://{tmp_path / 'backend'}", state_dir=tmp_path / "state"))
     engine._workspace("local")  # the file exists from here on
     path = tmp_path / "state" / "work" / "local" / "Pulumi.yaml"
-    stop, seen = threading.Event(), []
+    read_enough, seen = threading.Event(), []
 
     def read() -> None:
-        while not stop.is_set():
-            seen.append(yaml.safe_load(path.read_text()))
+        try:
+            while len(seen) < READS:
+                seen.append(yaml.safe_load(path.read_text()))
+        finally:
+            read_enough.set()  # a reader that failed stops the makers too (the count below says so)
 
     def make() -> None:
-        for _ in range(150):
+        # Each maker makes at least 150 workspaces, and goes on until the reader has read READS times: a
+        # busy machine slows the reader, and before, 300 workspaces could end with 87 reads made.
+        made = 0
+        while made < 150 or not read_enough.is_set():
             engine._workspace("local")
+            made += 1
 
     reader = threading.Thread(target=read)
     makers = [threading.Thread(target=make) for _ in range(2)]
     reader.start()
     for maker in makers:
         maker.start()
+    reader.join()
     for maker in makers:
         maker.join()
-    stop.set()
-    reader.join()
-    assert len(seen) > 100
+    assert len(seen) == READS
     assert all(isinstance(project, dict) and project["name"] for project in seen), [
         s for s in seen if not isinstance(s, dict)
     ][:3]
