@@ -3,7 +3,8 @@
 The planner keeps every proxy's hash and the set of proxies per stack, so that a change to one proxy costs
 work proportional to its stack, not to the fleet: `upsert`/`remove` say which stacks got dirty and `plan`
 recomputes only the stack asked for, and within it only the proxies that changed since its last plan (each
-stack keeps its planned entries and their items of the stack hash). A proxy that fails validation is left
+stack keeps its planned entries and its part of the stack hash's text, where a changed proxy's item is
+rewritten in place). A proxy that fails validation is left
 out with its reason; if an earlier version of it was valid or applied, that last good version stays -- in
 the stack where it runs, even when the new version names another (unknown) provider -- and the rejection is
 still reported. Proxies are removed only through a deleting record (a declared deletion); `release` never
@@ -12,6 +13,7 @@ drops a proxy that was declared again while its deletion ran.
 
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
 from weakref import WeakValueDictionary
@@ -20,7 +22,7 @@ from automation.errors import InvalidInputError, PermanentError, UnknownProvider
 from automation.flat_names import FlatNameGroups
 from stacks.models import PackedProxy, ProviderCatalogue, ProviderEntry, Proxy
 from stacks.models.conditions import Reason
-from stacks.spec_hash import entry_hash_text, proxy_hash_fragment, proxy_spec_hash, stack_spec_hash_of
+from stacks.spec_hash import entry_hash_text, proxy_hash_fragment, proxy_spec_hash, stack_spec_hash_joined
 from stacks.validation import FieldProblem, proxy_problems
 
 SKIP_CLEANUP = "crawl.example.com/skip-cleanup"
@@ -38,19 +40,16 @@ class PlannedProxy:
     """A proxy as a stack should hold it, with its spec hash. Kept packed (see stacks/models/packed.py):
     `proxy` decodes a fresh model on each access."""
 
-    __slots__ = ("_fragment", "packed", "spec_hash")
+    __slots__ = ("packed", "spec_hash")
 
     def __init__(self, proxy: Proxy | PackedProxy, spec_hash: str) -> None:
         self.packed = proxy if isinstance(proxy, PackedProxy) else PackedProxy(proxy)
         self.spec_hash = spec_hash
-        self._fragment: str | None = None
 
     @property
-    def fragment(self) -> str:
-        """Its item of its stack's hash document (made once: a stack is hashed again after each change)."""
-        if self._fragment is None:
-            self._fragment = proxy_hash_fragment(self.packed.key, self.spec_hash)
-        return self._fragment
+    def fragment(self) -> bytes:
+        """Its item of its stack's hash document, encoded (`proxy_hash_fragment`)."""
+        return proxy_hash_fragment(self.packed.key, self.spec_hash).encode()
 
     @property
     def proxy(self) -> Proxy:
@@ -92,9 +91,30 @@ class StackPlan:
 class _StackView:
     """What one stack's last plan was made of, kept so that the next plan redoes only the keys touched
     since (`stale`): at 100,000 proxies, rebuilding every entry of a 500-proxy stack from the fleet-wide
-    tables cost 2-2.4x what the same rebuild cost at 10,000 (the same calls over a heap ten times larger)."""
+    tables cost 2-2.4x what the same rebuild cost at 10,000 (the same calls over a heap ten times larger).
 
-    __slots__ = ("entry", "entry_text", "in_order", "leaving", "live", "stale")
+    The stack's part of its hash document, every live proxy's item joined by "," in key order, is kept as
+    one buffer (`text`): a proxy whose spec changed has its item rewritten there in place (the same key
+    gives an item of the same length), so hashing the stack again reads one block of memory instead of an
+    object and a string per proxy scattered over the heap (a one-Proxy re-plan cost 1.6-1.7x at 100,000
+    proxies what it cost at 10,000 when each plan joined the proxies' items). The item is found from the
+    nearest of the marks kept every MARK_EVERY keys (a key and its item's offset), so only a few items are
+    read before the hash reads them all. A key that comes or goes drops the buffer; the next plan builds
+    it again from the live entries."""
+
+    MARK_EVERY = 32
+
+    __slots__ = (
+        "entry",
+        "entry_text",
+        "in_order",
+        "leaving",
+        "live",
+        "mark_at",
+        "mark_keys",
+        "stale",
+        "text",
+    )
 
     def __init__(self) -> None:
         self.stale: set[str] = set()  # keys whose entry must be worked out again
@@ -105,6 +125,23 @@ class _StackView:
         self.leaving: set[str] = set()  # deleting keys placed here
         self.entry: ProviderEntry | None = None  # the entry `entry_text` was made from
         self.entry_text = ""
+        self.text: bytearray | None = None  # `live`'s items of the hash document, joined; None: to build
+        self.mark_keys: list[str] = []  # every MARK_EVERY-th key of `live` (in key order) ...
+        self.mark_at: list[int] = []  # ... and where its item starts in `text`
+
+    def joined(self) -> bytearray:
+        """`live`'s items of the stack's hash document in key order, joined by "," (built when dropped)."""
+        live = self.ordered()
+        if self.text is None:
+            items = [planned.fragment for planned in live.values()]
+            self.text = bytearray(b",".join(items))
+            self.mark_keys, self.mark_at, offset = [], [], 0
+            for index, (key, item) in enumerate(zip(live, items, strict=True)):
+                if index % self.MARK_EVERY == 0:
+                    self.mark_keys.append(key)
+                    self.mark_at.append(offset)
+                offset += len(item) + 1
+        return self.text
 
     def ordered(self) -> dict[str, PlannedProxy]:
         """`live` in key order (sorted again only after a key came)."""
@@ -115,23 +152,56 @@ class _StackView:
 
     def put(self, key: str, planned: PlannedProxy | None) -> None:
         """Set (or, with None, drop) the planned version of `key`."""
+        old = self.live.get(key)
         if planned is None:
-            self.live.pop(key, None)
+            if old is not None:
+                del self.live[key]
+                self.text = None
             return
-        planned.fragment  # noqa: B018  # made now, beside the entry: read at every plan of the stack
-        if key not in self.live:
+        if old is None:
             self.in_order = False
+            self.text = None
+        elif self.text is not None and old.spec_hash != planned.spec_hash:
+            self._rewrite(key, old.fragment, planned.fragment)
         self.live[key] = planned
+
+    def _rewrite(self, key: str, old: bytes, new: bytes) -> None:
+        """`key`'s item of `text` in place. An item names its key between its brackets and keys are unique,
+        so the old item occurs once, between the marks around its key; one of another length (not made by
+        the same key) drops the buffer."""
+        text = self.text
+        at = -1
+        if text is not None and len(old) == len(new):
+            mark = bisect.bisect_right(self.mark_keys, key) - 1
+            start = self.mark_at[mark] if mark >= 0 else 0
+            end = self.mark_at[mark + 1] if mark + 1 < len(self.mark_at) else len(text)
+            at = text.find(old, start, end)
+        if text is None or at < 0:
+            self.text = None
+            return
+        text[at : at + len(new)] = new
+
+
+class _Held:
+    """What the planner holds of one key: its declared (or deleting) version with its spec hash, its last
+    good version, and the stack it is placed in. One record and one dict entry a key instead of a table
+    each: at 100,000 proxies each lookup in a fleet-wide table is a cache miss (about 0.3 us more than at
+    10,000 here), and a change made a dozen of them."""
+
+    __slots__ = ("good", "home", "packed", "spec_hash")
+
+    def __init__(self, packed: PackedProxy, spec_hash: str) -> None:
+        self.packed = packed
+        self.spec_hash = spec_hash
+        self.good: PlannedProxy | None = None  # the last version that passed validation (or was applied)
+        self.home: str | None = None  # the stack it is placed in
 
 
 @dataclass
 class Planner:
     catalogue: ProviderCatalogue = field(default_factory=ProviderCatalogue)
-    _proxies: dict[str, PackedProxy] = field(default_factory=dict)  # the declared (or deleting) version
-    _hashes: dict[str, str] = field(default_factory=dict)
-    _last_good: dict[str, PlannedProxy] = field(default_factory=dict)
+    _held: dict[str, _Held] = field(default_factory=dict)
     _applied: set[str] = field(default_factory=set)  # keys some stack holds (outputs, or a planned up)
-    _home: dict[str, str] = field(default_factory=dict)  # key -> the stack it is placed in
     _by_stack: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
     _by_flat_name: FlatNameGroups = field(default_factory=FlatNameGroups)
     rejected: dict[str, PermanentError] = field(default_factory=dict)
@@ -149,8 +219,8 @@ class Planner:
         new = {entry.name: entry for entry in catalogue.providers}
         self.catalogue = catalogue
         dirty = {name for name in old.keys() | new.keys() if old.get(name) != new.get(name)}
-        for key in [k for k, proxy in self._proxies.items() if proxy.provider in dirty]:
-            dirty |= self._settle(key)
+        for held in [held for held in self._held.values() if held.packed.provider in dirty]:
+            dirty |= self._settle(held)
         return dirty
 
     def upsert(self, given: Proxy | PackedProxy) -> set[str]:
@@ -158,18 +228,29 @@ class Planner:
         proxy is kept as given (a source's copy is shared, not made again)."""
         packed = given if isinstance(given, PackedProxy) else PackedProxy(given)
         proxy = given.proxy if isinstance(given, PackedProxy) else given
+        return self._declare(packed, proxy, proxy_spec_hash(proxy))
+
+    def _declare(self, packed: PackedProxy, proxy: Proxy, spec_hash: str, good: bool = False) -> set[str]:
+        """`upsert` of a packed proxy with its model and hash; `good`: it is also its last good version
+        (an applied version read back)."""
         key = packed.key  # the packed copy's: one string per key, shared with the source
-        self._proxies[key] = packed
-        self._hashes[key] = proxy_spec_hash(proxy)
-        dirty = self._settle(key, proxy)
-        self._by_flat_name.add(flat_name(proxy), key)
-        return dirty | self._revalidate_group(flat_name(proxy), key)
+        held = self._held.get(key)
+        if held is None:
+            held = self._held[key] = _Held(packed, spec_hash)
+        else:
+            held.packed, held.spec_hash = packed, spec_hash
+        if good and held.good is None:
+            held.good = PlannedProxy(proxy=packed, spec_hash=spec_hash)
+        dirty = self._settle(held, proxy)
+        flat = flat_name(proxy)
+        self._by_flat_name.add(flat, key)
+        return dirty | self._revalidate_group(flat, key)
 
     def release(self, proxy: Proxy) -> bool:
         """Forget a deleting proxy whose resources are gone; True when released. A proxy declared again
         meanwhile (a restore) stays, no longer applied: its stack's next run creates it again."""
-        current = self._proxies.get(proxy.key)
-        if current is not None and not current.deleting:
+        held = self._held.get(proxy.key)
+        if held is not None and not held.packed.deleting:
             self._applied.discard(proxy.key)
             return False
         self.remove(proxy.key)
@@ -177,18 +258,16 @@ class Planner:
 
     def remove(self, key: str) -> set[str]:
         """Forget a proxy entirely."""
-        proxy = self._proxies.pop(key, None)
-        self._hashes.pop(key, None)
-        self._last_good.pop(key, None)
+        held = self._held.pop(key, None)
         self._applied.discard(key)
         self.rejected.pop(key, None)
-        stack = self._home.pop(key, None)
+        if held is None:
+            return set()
+        stack = held.home
         if stack is not None:
             self._by_stack[stack].discard(key)
             self._touch(key, stack)
-        if proxy is None:
-            return set()
-        return ({stack} if stack else set()) | self._regroup(proxy.flat_name, key)
+        return ({stack} if stack else set()) | self._regroup(held.packed.flat_name, key)
 
     def remember_applied(self, proxies: list[Proxy]) -> set[str]:
         """What a stack last applied (read back at start): each becomes the proxy's last good version, and
@@ -196,12 +275,13 @@ class Planner:
         dirty: set[str] = set()
         for proxy in proxies:
             self._applied.add(proxy.key)
-            if proxy.key not in self._last_good:
-                self._last_good[proxy.key] = PlannedProxy(proxy=proxy, spec_hash=proxy_spec_hash(proxy))
-            if proxy.key not in self._proxies:
-                dirty |= self.upsert(proxy)
-            else:
-                dirty |= self._settle(proxy.key)
+            held = self._held.get(proxy.key)
+            if held is None:
+                dirty |= self._declare(PackedProxy(proxy), proxy, proxy_spec_hash(proxy), good=True)
+                continue
+            if held.good is None:
+                held.good = PlannedProxy(proxy=proxy, spec_hash=proxy_spec_hash(proxy))
+            dirty |= self._settle(held)
         return dirty
 
     def mark_applied(self, plan: StackPlan) -> None:
@@ -223,20 +303,22 @@ class Planner:
 
     def current(self, key: str) -> Proxy | None:
         """The version the planner holds for `key`: declared, deleting, or (not declared yet) applied."""
-        packed = self._proxies.get(key)
-        return None if packed is None else packed.proxy
+        held = self._held.get(key)
+        return None if held is None else held.packed.proxy
 
     def holds(self, key: str) -> bool:
         """Does the planner hold a version of `key` (`current` without decoding it)?"""
-        return key in self._proxies
+        return key in self._held
 
     def applied_count(self) -> int:
         """Proxies some stack holds and that are not leaving: the fleet a deletion is measured against."""
-        return sum(1 for key in self._applied if key in self._proxies and not self._proxies[key].deleting)
+        held = self._held
+        return sum(1 for key in self._applied if key in held and not held[key].packed.deleting)
 
     def held_version(self, key: str) -> PlannedProxy | None:
         """The last good version a rejected proxy runs at, None when it is not held."""
-        return self._last_good.get(key) if key in self.rejected and self._home.get(key) else None
+        held = self._held.get(key) if key in self.rejected else None
+        return held.good if held is not None and held.home else None
 
     def plan(self, name: str) -> StackPlan:
         entry = self.catalogue.get(name)
@@ -245,13 +327,13 @@ class Planner:
         deleting: list[Proxy] = []
         forget: list[Proxy] = []
         for key in sorted(view.leaving):
-            proxy = self._proxies[key].proxy  # decoded for each plan: a caller may keep and change it
+            proxy = self._held[key].packed.proxy  # decoded for each plan: a caller may keep and change it
             (forget if wants_skip_cleanup(proxy) else deleting).append(proxy)
         spec_hash = ""
         if entry is not None:
             if view.entry is not entry:
                 view.entry, view.entry_text = entry, entry_hash_text(entry)
-            spec_hash = stack_spec_hash_of(view.entry_text, [planned.fragment for planned in live.values()])
+            spec_hash = stack_spec_hash_joined(view.entry_text, view.joined())
         return StackPlan(
             name=name,
             entry=entry,
@@ -287,66 +369,64 @@ class Planner:
             view.leaving.discard(key)
             planned = None
             if key in members:
-                packed = self._proxies[key]
-                if packed.deleting:
+                held = self._held[key]
+                if held.packed.deleting:
                     view.leaving.add(key)
                 else:
-                    planned = self._usable(packed)
+                    planned = self._usable(held)
             view.put(key, planned)
         view.stale.clear()
         return view
 
-    def _usable(self, proxy: PackedProxy) -> PlannedProxy | None:
-        error = self.rejected.get(proxy.key)
+    def _usable(self, held: _Held) -> PlannedProxy | None:
+        error = self.rejected.get(held.packed.key)
         if error is None:
             # A new object, not the last good one its validation made: made as its stack is planned, next
             # to its stack's others, so a plan reads one stack's entries from memory close together.
-            return PlannedProxy(proxy=proxy, spec_hash=self._hashes[proxy.key])
+            return PlannedProxy(proxy=held.packed, spec_hash=held.spec_hash)
         if error.reason == Reason.NAME_COLLISION:
             return None  # never applied (an applied proxy is never refused for this): nothing to hold
-        return self._last_good.get(proxy.key)
+        return held.good
 
-    def _settle(self, key: str, proxy: Proxy | None = None) -> set[str]:
+    def _settle(self, held: _Held, proxy: Proxy | None = None) -> set[str]:
         """Validate the proxy (`proxy`: its model, when the caller has it) and place it in the stack its
         effective version belongs to."""
-        self._validate(proxy if proxy is not None else self._proxies[key].proxy)
-        old = self._home.get(key)
-        new = self._placement(key)
+        key = held.packed.key
+        self._validate(held, proxy if proxy is not None else held.packed.proxy)
+        old = held.home
+        new = held.home = self._placement(held)
         self._touch(key, old, new)
         if old == new:
             return {new} if new else set()
         if old is not None:
             self._by_stack[old].discard(key)
-        if new is None:
-            self._home.pop(key, None)
-        else:
-            self._home[key] = new
+        if new is not None:
             self._by_stack[new].add(key)
         return {name for name in (old, new) if name}
 
     def spec_hash_of(self, key: str) -> str | None:
         """The spec hash of the proxy as declared now (None: not declared); its status's observed hash is
         what its stack applied, so the two differ while an update is pending or held."""
-        return self._hashes.get(key)
+        held = self._held.get(key)
+        return None if held is None else held.spec_hash
 
     def stack_of(self, key: str) -> str | None:
         """The stack a proxy's resources are in or go to (None: nowhere yet)."""
-        return self._home.get(key)
+        held = self._held.get(key)
+        return None if held is None else held.home
 
-    def _placement(self, key: str) -> str | None:
+    def _placement(self, held: _Held) -> str | None:
         """Where a proxy's resources are or go: a leaving or held proxy stays where its last good version
         is (an unknown provider holds it on its old stack); a valid one goes to its provider."""
-        proxy = self._proxies[key]
-        good = self._last_good.get(key)
-        if proxy.deleting or key in self.rejected:
+        proxy, good = held.packed, held.good
+        if proxy.deleting or proxy.key in self.rejected:
             if good is not None:
                 return good.packed.provider
             return proxy.provider if proxy.deleting else None
         return proxy.provider
 
-    def _validate(self, proxy: Proxy) -> None:
-        packed = self._proxies.get(proxy.key)
-        key = proxy.key if packed is None else packed.key  # the packed copy's string, not one more
+    def _validate(self, held: _Held, proxy: Proxy) -> None:
+        key = held.packed.key  # the packed copy's string, not one more
         if is_deleting(proxy):
             self.rejected.pop(key, None)  # leaving: only the provider's existence matters (reconciler)
             return
@@ -356,7 +436,7 @@ class Planner:
             problems.append(_collision(proxy, winner))
         if not problems:
             self.rejected.pop(key, None)
-            self._last_good[key] = PlannedProxy(proxy=self._proxies[key], spec_hash=self._hashes[key])
+            held.good = PlannedProxy(proxy=held.packed, spec_hash=held.spec_hash)
             return
         message = "; ".join(f"{p.path}: {p.message}" for p in problems)
         unknown = self.catalogue.get(proxy.spec.provider) is None
@@ -374,10 +454,11 @@ class Planner:
         proxies evidently do not collide: refusing one would delete it)."""
         if proxy.key in self._applied:
             return None
+        held = self._held
         group = [
             k
             for k in self._by_flat_name.get(flat_name(proxy)) | {proxy.key}
-            if k in self._proxies and not self._proxies[k].deleting
+            if k in held and not held[k].packed.deleting
         ]
         if len(group) < 2:
             return None
@@ -386,8 +467,9 @@ class Planner:
     def _revalidate_group(self, flat: str, key: str) -> set[str]:
         dirty: set[str] = set()
         for other in sorted(self._by_flat_name.get(flat) - {key}):
-            if other in self._proxies:
-                dirty |= self._settle(other)
+            held = self._held.get(other)
+            if held is not None:
+                dirty |= self._settle(held)
         return dirty
 
     def _regroup(self, flat: str, key: str) -> set[str]:

@@ -73,5 +73,13 @@ def proxy_hash_fragment(key: str, proxy_hash: str) -> str:
 def stack_spec_hash_of(entry_text: str, fragments: Iterable[str]) -> str:
     """The stack hash from its parts, in key order: the same text `canonical_json` gives for the whole
     document ("provider" sorts before "proxies"; items joined by "," as its separators say)."""
-    text = '{"provider":' + entry_text + ',"proxies":[' + ",".join(fragments) + "]}"
-    return hashlib.sha256(text.encode()).hexdigest()
+    return stack_spec_hash_joined(entry_text, ",".join(fragments).encode())
+
+
+def stack_spec_hash_joined(entry_text: str, joined: bytes | bytearray) -> str:
+    """`stack_spec_hash_of` with the fragments already joined by "," and encoded (UTF-8): the planner keeps
+    each stack's joined text and changes one proxy's fragment in place (automation/planner.py)."""
+    digest = hashlib.sha256(('{"provider":' + entry_text + ',"proxies":[').encode())
+    digest.update(joined)
+    digest.update(b"]}")
+    return digest.hexdigest()

@@ -12,6 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from automation.planner import Planner
 from stacks.models import ProviderCatalogue, Proxy
+from stacks.spec_hash import stack_spec_hash
 
 NAMES = ("a", "b", "c", "d", "a-b")
 NAMESPACES = ("crawl", "crawl-a")  # crawl-a/b and crawl/a-b share a flat name: collisions happen
@@ -103,6 +104,15 @@ class PlannerViews(RuleBasedStateMachine):
         fresh = {name: summary(self.planner, name) for name in PROVIDERS}
         self.planner._views.update(views)
         assert kept == fresh
+
+    @invariant()
+    def every_stack_hash_is_the_hash_of_its_proxies(self) -> None:
+        """The stack's text, changed in place proxy by proxy, still gives the hash of the whole document."""
+        for name in PROVIDERS:
+            plan = self.planner.plan(name)
+            if plan.entry is not None:
+                hashes = {planned.key: planned.spec_hash for planned in plan.proxies}
+                assert plan.spec_hash == stack_spec_hash(plan.entry, hashes)
 
 
 TestPlannerViews = PlannerViews.TestCase

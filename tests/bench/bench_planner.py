@@ -4,7 +4,10 @@ Prints figures and ratios against baselines measured in the same run; asserts no
 - plan from scratch (every proxy hashed, every stack planned) vs re-plan after one proxy changes (only its
   stack): the ratio shows that a change costs work proportional to its stack, not the fleet;
 - the scale of the plan: one change at 100,000 proxies over 200 stacks against one at 10,000 over 20 (the
-  same 500 proxies a stack; goal at most 1.2x);
+  same 500 proxies a stack; goal at most 1.2x), measured two ways: back to back ("hot": each change right
+  after the last, so at 10,000 the planner's tables stay in the CPU's caches, at 100,000 they cannot), and
+  "cold": before each change the bench writes through BENCH_EVICT_MIB (64) of memory, outside the timed
+  part, as the service's other work (probes, leases, the watch) does between two changes of a Proxy;
 - our `Engine.up` vs a bare Automation API `up` on the same program, stack and config (no changes).
 `BENCH_UP=0` skips the `up` part (it needs the Pulumi CLI); `BENCH_CHANGES` (200) is how many one-proxy
 changes a round makes, `BENCH_PLAN_ROUNDS` (3) how many steady rounds follow the first. The first round
@@ -32,7 +35,14 @@ from stacks.models import ProviderCatalogue, Proxy  # noqa: E402
 SIZES = ((10_000, 20), (100_000, 200))  # (proxies, stacks): 500 proxies a stack at both
 CHANGES = int(os.environ.get("BENCH_CHANGES", "200"))
 ROUNDS = int(os.environ.get("BENCH_PLAN_ROUNDS", "3"))
+EVICT = bytearray(int(os.environ.get("BENCH_EVICT_MIB", "64")) << 20)
 GOAL = 1.2
+
+
+def evict() -> None:
+    """Write one byte of every cache line of a buffer larger than the caches: what the planner touched last
+    is no longer cached."""
+    EVICT[::64] = b"\x01" * (len(EVICT) // 64)
 
 
 def make_fleet(count: int, stacks: int) -> tuple[ProviderCatalogue, list[Proxy]]:
@@ -55,9 +65,10 @@ def make_fleet(count: int, stacks: int) -> tuple[ProviderCatalogue, list[Proxy]]
     return catalogue, proxies
 
 
-def bench_planner(count: int, stacks: int) -> tuple[float, float, float]:
+def bench_planner(count: int, stacks: int) -> tuple[float, float, float, float]:
     """Prints the figures of one size; returns the median seconds of one change in the steady rounds,
-    elapsed and the thread's CPU time (what another process's use of the cores changes least)."""
+    elapsed and the thread's CPU time (what another process's use of the cores changes least), of the
+    first round's, and of one change with the caches evicted before it (elapsed)."""
     catalogue, proxies = make_fleet(count, stacks)
     started = time.perf_counter()
     planner = Planner()
@@ -81,6 +92,15 @@ def bench_planner(count: int, stacks: int) -> tuple[float, float, float]:
             cpu.append(time.thread_time() - started_cpu)
             samples.append(time.perf_counter() - started)
         rounds.append((samples, cpu))
+    cold = []
+    for i in range(CHANGES):  # each change after the caches were evicted
+        changed = proxies[(i * 7919 + 1 + ROUNDS) % count].model_copy(deep=True)
+        changed.spec.port += 2 + ROUNDS
+        evict()
+        started = time.perf_counter()
+        for stack in planner.upsert(changed):
+            planner.plan(stack)
+        cold.append(time.perf_counter() - started)
     first = statistics.median(rounds[0][0])
     steady = [x for samples, _ in rounds[1:] for x in samples]
     steady_cpu = [x for _, cpu in rounds[1:] for x in cpu]
@@ -90,21 +110,23 @@ def bench_planner(count: int, stacks: int) -> tuple[float, float, float]:
         f"  re-plan after one change (its stack of {count // stacks}): {replan * 1000:.3f} ms "
         f"(median of {len(steady)} over {ROUNDS} rounds; "
         f"p90 {statistics.quantiles(steady, n=10)[8] * 1000:.3f} ms), CPU {replan_cpu * 1000:.3f} ms; "
-        f"the first {CHANGES} changes after the intake: {first * 1000:.3f} ms"
+        f"the first {CHANGES} changes after the intake: {first * 1000:.3f} ms; "
+        f"cold (caches evicted before each): {statistics.median(cold) * 1000:.3f} ms"
     )
     print(f"  ratio scratch / one change: {scratch / replan:.0f}x (fleet/stack size = {stacks}x)")
-    return replan, replan_cpu, first
+    return replan, replan_cpu, first, statistics.median(cold)
 
 
 def bench_scale() -> None:
     (small, small_stacks), (large, large_stacks) = SIZES
-    one, one_cpu, one_first = bench_planner(small, small_stacks)
+    one, one_cpu, one_first, one_cold = bench_planner(small, small_stacks)
     gc.collect()
-    many, many_cpu, many_first = bench_planner(large, large_stacks)
+    many, many_cpu, many_first, many_cold = bench_planner(large, large_stacks)
     print(
         f"scale of the plan: one change at {large} over {large_stacks} stacks / at {small} over "
-        f"{small_stacks}: {many / one:.2f}x elapsed, {many_cpu / one_cpu:.2f}x CPU (goal at most {GOAL}); "
-        f"the first changes after the intake {many_first / one_first:.2f}x"
+        f"{small_stacks}: cold {many_cold / one_cold:.2f}x (goal at most {GOAL}); back to back "
+        f"{many / one:.2f}x elapsed, {many_cpu / one_cpu:.2f}x CPU; the first changes after the intake "
+        f"{many_first / one_first:.2f}x"
     )
 
 
