@@ -1,16 +1,16 @@
 """The health engine: a `prober` task that probes every addressed proxy once per interval, with jitter.
 
 Each proxy has its own due time (its first probe within a second, or spread at 1000 a second over at most one
-interval when many arrive at once; then every interval +/- jitter), kept in
-a heap; at most `concurrency` probes are in flight. Every result feeds the metrics; only state transitions
-reach `on_transition` (the lead wires it to Proxy status and events). A `local` proxy whose port is not
-held by the process its stack started is not probed at all (`listener.py`) and turns unhealthy at once.
+interval when many arrive at once; then every interval +/- jitter), kept in a schedule of ticks
+(`schedule.py`); at most `concurrency` probes are in flight. Every result feeds the metrics; only state
+transitions reach `on_transition` (the lead wires it to Proxy status and events). A `local` proxy whose
+port is not held by the process its stack started is not probed at all (`listener.py`) and turns unhealthy
+at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import inspect
 import logging
 import random
@@ -23,6 +23,7 @@ from service.health import listener
 from service.health.egress import shared_egress
 from service.health.metrics import HealthMetrics
 from service.health.probe import ProbeResult
+from service.health.schedule import Schedule
 from service.health.thresholds import Thresholds
 from service.inventory import Health, HealthState, Inventory, ProxyEndpoint
 
@@ -80,7 +81,7 @@ class HealthEngine:
         self._clock = clock
         self._wall = wall_clock
         self._rng = rng or random.Random()
-        self._due: list[tuple[float, str]] = []
+        self._due = Schedule()
         self._scheduled: set[str] = set()
         self._seen_version = -1
         self._tasks: set[asyncio.Task[Health | None]] = set()
@@ -202,12 +203,12 @@ class HealthEngine:
         spread = min(self._interval, max(FIRST_SPREAD_SECONDS, len(new) / FIRST_PROBES_PER_SECOND))
         for key in new:
             self._scheduled.add(key)
-            heapq.heappush(self._due, (now + self._rng.uniform(0, spread), key))
+            self._due.push(now + self._rng.uniform(0, spread), key)
 
     async def _start_due(self) -> None:
         now = self._clock()
-        while self._due and self._due[0][0] <= now:
-            due, key = heapq.heappop(self._due)
+        while (entry := self._due.pop_due(now)) is not None:
+            due, key = entry
             endpoint = self._inventory.get(key)
             if endpoint is None or not endpoint.has_address:
                 self._scheduled.discard(key)
@@ -216,7 +217,7 @@ class HealthEngine:
                 continue
             await self._spawn(key)
             spread = self._interval * self._rng.uniform(1 - self._jitter, 1 + self._jitter)
-            heapq.heappush(self._due, (max(due, now - self._interval) + spread, key))
+            self._due.push(max(due, now - self._interval) + spread, key)
 
     async def _spawn(self, key: str) -> None:
         # Take the slot before creating the task, so the number of tasks stays bounded too.
@@ -232,9 +233,10 @@ class HealthEngine:
             log.error("probe task %s failed", task.get_name(), exc_info=task.exception())
 
     def _idle_time(self) -> float:
-        if not self._due:
+        due = self._due.next_due()
+        if due is None:
             return MAX_IDLE_SLEEP
-        return min(max(self._due[0][0] - self._clock(), 0.0), MAX_IDLE_SLEEP)
+        return min(max(due - self._clock(), 0.0), MAX_IDLE_SLEEP)
 
 
 def _not_probed(reason: str) -> ProbeResult:

@@ -59,7 +59,7 @@ def _first_due(count: int, *, interval: float = 10.0) -> list[float]:
         rng=random.Random(3),
     )
     engine._sync_schedule()
-    return sorted(due - clock.now for due, _ in engine._due)
+    return sorted(due - clock.now for due, _ in engine._due.entries())
 
 
 def test_a_few_new_proxies_are_first_probed_within_a_second() -> None:
