@@ -20,6 +20,7 @@ from weakref import WeakValueDictionary
 
 from automation.errors import InvalidInputError, PermanentError, UnknownProviderError
 from automation.flat_names import FlatNameGroups
+from stacks.keyset import KeySet
 from stacks.models import PackedProxy, ProviderCatalogue, ProviderEntry, Proxy
 from stacks.models.conditions import Reason
 from stacks.spec_hash import entry_hash_text, proxy_hash_fragment, proxy_spec_hash, stack_spec_hash_joined
@@ -201,8 +202,9 @@ class _Held:
 class Planner:
     catalogue: ProviderCatalogue = field(default_factory=ProviderCatalogue)
     _held: dict[str, _Held] = field(default_factory=dict)
-    _applied: set[str] = field(default_factory=set)  # keys some stack holds (outputs, or a planned up)
-    _by_stack: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    # keys some stack holds (outputs, or a planned up); sets as dicts' keys (stacks/keyset.py: 21 B a key)
+    _applied: KeySet = field(default_factory=KeySet)
+    _by_stack: dict[str, KeySet] = field(default_factory=lambda: defaultdict(KeySet))
     _by_flat_name: FlatNameGroups = field(default_factory=FlatNameGroups)
     rejected: dict[str, PermanentError] = field(default_factory=dict)
     _views: dict[str, _StackView] = field(default_factory=dict)
@@ -286,7 +288,7 @@ class Planner:
 
     def mark_applied(self, plan: StackPlan) -> None:
         """An `up` of this plan succeeded: its proxies are now applied."""
-        self._applied |= {planned.key for planned in plan.proxies}
+        self._applied.update_keys(planned.key for planned in plan.proxies)
 
     # --- queries ----------------------------------------------------------------------------------------
 
@@ -364,7 +366,7 @@ class Planner:
             view.stale.update(self._by_stack.get(name, ()))
         if not view.stale:
             return view
-        members = self._by_stack.get(name, set())
+        members = self._by_stack.get(name) or KeySet()
         for key in view.stale:
             view.leaving.discard(key)
             planned = None

@@ -73,6 +73,24 @@ def test_the_index_decodes_only_the_statuses_that_changed(monkeypatch: pytest.Mo
     assert decoded == ["default/p7"]  # nothing changed since: nothing decoded
 
 
+def test_before_its_first_read_the_index_marks_nothing_then_builds_every_row_as_it_is() -> None:
+    ctx = _context(["p0", "p1"])
+    board = ctx.status
+    assert board is not None
+    index = FleetIndex(inventory=ctx.inventory, board=board)
+    for key in ("default/p0", "default/p1"):
+        board.set_condition(key, type_="Provisioned", true=True, reason="Provisioned")
+    board.set_condition("default/p0", type_="Healthy", true=False, reason="ProbeFailed", message="refused")
+    board.set_condition("default/stalled", type_="Provisioned", true=False, reason="UnknownProvider")
+    assert not index._dirty  # a page nobody opened keeps no marks (10,000 keys: 0.5 MiB)
+    rows = {r.key: r for r in index.rows()}
+    assert (rows["default/p0"].phase, rows["default/p0"].ready) == ("Degraded", False)
+    assert "default/stalled" in rows  # a status and no endpoint: found through the board
+    board.set_condition("default/p1", type_="Healthy", true=False, reason="ProbeFailed", message="refused")
+    assert index._dirty == {"default/p1"}  # read once: changes are marked from then on
+    assert {r.key: r.phase for r in index.rows()}["default/p1"] == "Degraded"
+
+
 def test_a_row_counts_the_sticky_sessions_bound_to_its_proxy() -> None:
     ctx = _context(["a", "b"])
     store = ctx.discovery.store
