@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from stacks.models import ProviderEntry, Proxy
@@ -53,7 +53,7 @@ def stack_spec_hash(entry: ProviderEntry, proxy_hashes: Mapping[str, str]) -> st
     """The catalogue entry plus every proxy's hash keyed by `ns/name`, in key order: SHA-256 of the
     canonical JSON of `{"provider": entry, "proxies": [[key, hash], ...]}`."""
     fragments = (proxy_hash_fragment(key, proxy_hashes[key]) for key in sorted(proxy_hashes))
-    return stack_spec_hash_of(entry_hash_text(entry), fragments)
+    return stack_spec_hash_joined(entry_hash_text(entry), ",".join(fragments).encode())
 
 
 def entry_hash_text(entry: ProviderEntry) -> str:
@@ -70,15 +70,11 @@ def proxy_hash_fragment(key: str, proxy_hash: str) -> str:
     return canonical_json([key, proxy_hash])
 
 
-def stack_spec_hash_of(entry_text: str, fragments: Iterable[str]) -> str:
-    """The stack hash from its parts, in key order: the same text `canonical_json` gives for the whole
-    document ("provider" sorts before "proxies"; items joined by "," as its separators say)."""
-    return stack_spec_hash_joined(entry_text, ",".join(fragments).encode())
-
-
 def stack_spec_hash_joined(entry_text: str, joined: bytes | bytearray) -> str:
-    """`stack_spec_hash_of` with the fragments already joined by "," and encoded (UTF-8): the planner keeps
-    each stack's joined text and changes one proxy's fragment in place (automation/planner.py)."""
+    """The stack hash from its parts: the entry's text and the proxies' items in key order, joined by ","
+    and encoded (UTF-8), fed as the same text `canonical_json` gives for the whole document ("provider"
+    sorts before "proxies"; items joined by "," as its separators say). The planner keeps each stack's
+    joined items and rewrites one proxy's in place (automation/stack_view.py)."""
     digest = hashlib.sha256(('{"provider":' + entry_text + ',"proxies":[').encode())
     digest.update(joined)
     digest.update(b"]}")
