@@ -297,8 +297,7 @@ def _store(settings: OperatorSettings) -> Store:
 
         return RedisStore.from_url(settings.discovery.redis_url or "", prefix=settings.discovery.redis_prefix)
     discovery = settings.discovery
-    keep = max(discovery.report_window_seconds, discovery.error_window_seconds)  # the longest look back
-    return MemoryStore(ended_kept=discovery.ended_leases_kept, report_keep=keep)
+    return MemoryStore(ended_kept=discovery.ended_leases_kept, report_keep=discovery.report_keep_seconds)
 
 
 def _ended_sessions(store: Store) -> ui.EndedSessions | None:

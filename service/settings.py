@@ -112,6 +112,12 @@ class DiscoverySettings(BaseSettings):
         "revoked at release and ended by the proxy at expiry; false: leases get the proxy's credentials.",
     )
 
+    @property
+    def report_keep_seconds(self) -> float:
+        """How long the memory store keeps who held which proxy and the `error` votes: the longest window a
+        report looks back."""
+        return max(self.report_window_seconds, self.error_window_seconds)
+
     @model_validator(mode="after")
     def _redis_needs_url(self) -> DiscoverySettings:
         if self.store == "redis" and not self.redis_url:

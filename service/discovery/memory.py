@@ -394,6 +394,11 @@ class MemoryStore:
         with self._lock:
             return self._leases.counts(now=now)
 
+    def kept_pairs(self) -> int:
+        """(client, proxy) pairs kept for reports (who held which proxy)."""
+        with self._lock:
+            return self._reports.pairs()
+
     async def ping(self) -> bool:
         return True
 

@@ -6,7 +6,8 @@ lease records of an hour, unless a bound forgets the oldest ended ones first. Th
 directly on a simulated clock (no server, no sockets): BENCH_PROXIES proxies, BENCH_CLIENTS clients
 taking turns, BENCH_RATE leases a second of BENCH_TTL seconds, every other one released after
 BENCH_HOLD seconds, for BENCH_SECONDS simulated seconds, a report (a ban) on one lease in 50. It prints,
-at each checkpoint, the leases the store keeps (live and ended) and the process's RSS above its start
+at each checkpoint, the leases the store keeps (live and ended), the (client, proxy) pairs it keeps for
+reports by proxy (for the service's report window) and the process's RSS above its start
 (the store is all this process holds). Printed, never asserted. About a minute at the defaults.
 
 Reproduce: PYTHONPATH=$PWD .venv/bin/python tests/bench/bench_lease_memory.py
@@ -26,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 from service.discovery.memory import MemoryStore  # noqa: E402
 from service.discovery.store import AcquireRequest  # noqa: E402
 from service.memory import trim  # noqa: E402
+from service.settings import DiscoverySettings  # noqa: E402
 
 PROXIES = int(os.environ.get("BENCH_PROXIES", "10000"))
 CLIENTS = int(os.environ.get("BENCH_CLIENTS", "20"))
@@ -40,8 +42,17 @@ def rss_mib() -> float:
     return int(Path("/proc/self/status").read_text().split("VmRSS:")[1].split()[0]) / 1024
 
 
+def mix(issued: int) -> int:
+    """The client of the `issued`-th lease: every client in turn, in an order that drifts by one client
+    every 10,007 leases. Plain turns (`issued % CLIENTS`) with the LRU's turns over the proxies gave each
+    proxy the same client every time (10,000 (client, proxy) pairs); clients of a real fleet lease every
+    proxy in time (here all 200,000 pairs within minutes), and the store keeps each pair for reports."""
+    return (issued * 7 + issued // 10_007) % CLIENTS
+
+
 async def main() -> None:
-    store = MemoryStore()
+    settings = DiscoverySettings()  # the service's defaults (PROXY_OPERATOR_DISCOVERY_* change them)
+    store = MemoryStore(ended_kept=settings.ended_leases_kept, report_keep=settings.report_keep_seconds)
     candidates = frozenset(f"bench/p{i:05d}" for i in range(PROXIES))
     clients = [f"client-{c:02d}" for c in range(CLIENTS)]
     targets = [f"site-{t:02d}.example" for t in range(50)]
@@ -57,7 +68,7 @@ async def main() -> None:
             now = second + n / RATE
             lease_id = os.urandom(16).hex()
             request = AcquireRequest(
-                client=clients[issued % CLIENTS],
+                client=clients[mix(issued)],
                 target=targets[issued % len(targets)],
                 candidates=candidates,
                 count=1,
@@ -89,7 +100,8 @@ async def main() -> None:
             live, ended = store.kept_leases(now=second)
             grown, took = rss_mib() - start_rss, time.perf_counter() - started
             print(
-                f"  at {second:5d} s: {issued:,} leased, the store keeps {live:,} live and {ended:,} ended;"
+                f"  at {second:5d} s: {issued:,} leased, the store keeps {live:,} live and {ended:,} ended,"
+                f" {store.kept_pairs():,} (client, proxy) pairs;"
                 f" RSS +{grown:.1f} MiB ({took:.0f} s of real time)"
             )
 

@@ -145,6 +145,20 @@ def test_who_held_a_proxy_is_kept_for_the_report_window_not_the_hour() -> None:
     assert asyncio.run(store.last_held(client="c", proxy=lease.proxy)) is None
 
 
+def test_each_client_and_proxy_leased_is_one_pair_until_the_window_passes() -> None:
+    """Kept by client, then proxy (report_book.py): one entry a pair, forgotten once past the window."""
+    store = MemoryStore(report_keep=600)
+    first = take(store, at=NOW, ttl=10, client="a")
+    again = take(store, at=NOW + 20, ttl=10, client="a")  # the LRU hands out another proxy
+    take(store, at=NOW + 40, ttl=10, client="b")
+    assert store.kept_pairs() == 3
+    assert asyncio.run(store.last_held(client="a", proxy=first.proxy)) == NOW + 10
+    assert asyncio.run(store.last_held(client="b", proxy=again.proxy)) is None
+    take(store, at=NOW + 50 + 600 + SWEEP_EVERY, ttl=1, client="c")  # a sweep: a's and b's passed
+    assert store.kept_pairs() == 1
+    assert asyncio.run(store.last_held(client="a", proxy=first.proxy)) is None
+
+
 def test_a_penalty_and_its_strikes_are_forgotten_a_week_after_it_ended() -> None:
     """As the Redis store's strikes expire: every (target, proxy) ever banned was kept for good."""
     store = MemoryStore()
