@@ -193,7 +193,7 @@ class MemoryStore:
             held[lease.proxy] = max(held.get(lease.proxy, 0.0), until)  # a sticky re-use never lowers it
             self._reports.held(client=lease.client, proxy=lease.proxy, until=lease.expires_at)
             self._holdings.took(
-                lease.client, lease.lease_id, proxy=lease.proxy, end=lease.expires_at, tat=tat
+                lease.client, lease.lease_id, proxy=lease.proxy, end=lease.expires_at, tat=tat, now=now
             )
             self._lru.touch(lease.proxy)
         return leases
@@ -269,7 +269,7 @@ class MemoryStore:
                 self._resume.pop((lease.client, lease.target), None)
             released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
             self._leases.released(released)
-            self._holdings.moved(lease.client, lease_id, end=now)
+            self._holdings.released(lease.client, lease_id)
             return released
 
     async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
