@@ -180,7 +180,10 @@ def _holder(key: int, obj: object, owner: dict[int, object]) -> str:
         if current is None:
             return " <- ".join(["(no referrer)", *reversed(path)])
         if isinstance(current, SKIP):
-            label = f"{type(current).__qualname__} {getattr(current, '__qualname__', '')}".strip()
+            # Not asked of a module (it has none): a PEP 562 __getattr__ (service/lean_packages.py's
+            # deferred packages) would run the package's __init__, and the census list what that imported
+            name = "" if isinstance(current, types.ModuleType) else getattr(current, "__qualname__", "")
+            label = f"{type(current).__qualname__} {name}".strip()
             return " <- ".join([label, *reversed(path)])
         if not isinstance(current, PLAIN):
             return " <- ".join([type(current).__qualname__, *reversed(path)])
