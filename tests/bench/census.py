@@ -27,7 +27,7 @@ SKIP = (type, types.ModuleType, types.FunctionType, types.CodeType)
 def census(path: str, *, top: int = 40) -> None:
     """Write the census to `path` (a text report)."""
     gc.collect()
-    allocator = _mallocstats() + _mallinfo()  # before the census's own maps fill the allocators
+    allocator = _mallocstats() + _mallinfo() + _free_chunks()  # before the census's own maps fill them
     allocator += _trim_probe()  # what glibc's free space would give back (the census's maps come after)
     tracked = gc.get_objects()
     owner: dict[int, object] = {}
@@ -128,6 +128,46 @@ def _mallinfo() -> str:
         f"{info.uordblks / mib:.1f} MiB in use, {info.fordblks / mib:.1f} MiB free, "
         f"{info.hblkhd / mib:.1f} MiB in {info.hblks} mmapped blocks\n"
     )
+
+
+def _free_chunks() -> str:
+    """glibc's free chunks by size (malloc_info's XML, all heaps): what `malloc_trim` cannot give back is
+    free space in chunks smaller than a page, between chunks in use."""
+    try:
+        import ctypes
+        import re
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.fopen.restype = ctypes.c_void_p
+        libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+        libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.fclose.argtypes = [ctypes.c_void_p]
+        with tempfile.NamedTemporaryFile("r", suffix=".xml") as xml:
+            stream = libc.fopen(xml.name.encode(), b"w")
+            if not stream:
+                return "malloc_info: not available\n"
+            libc.malloc_info(0, stream)
+            libc.fclose(stream)
+            text = xml.read()
+    except (OSError, AttributeError):
+        return "malloc_info: not available\n"
+    bounds = (512, 1024, 4096, 65536)
+    totals = [0] * (len(bounds) + 1)
+    counts = [0] * (len(bounds) + 1)
+    heaps = text.split("<heap ")[1:]  # the last element's tail holds the totals of all heaps: not summed
+    for heap in heaps:
+        for _low, high, total, count in re.findall(
+            r'<size from="(\d+)" to="(\d+)" total="(\d+)" count="(\d+)"/>', heap.split("</sizes>")[0]
+        ):
+            index = next((i for i, bound in enumerate(bounds) if int(high) <= bound), len(bounds))
+            totals[index] += int(total)
+            counts[index] += int(count)
+    labels = ("<=512 B", "513 B-1 KiB", "1-4 KiB", "4-64 KiB", ">64 KiB")
+    parts = ", ".join(
+        f"{label} {total / 2**20:.1f} MiB ({count:,})"
+        for label, total, count in zip(labels, totals, counts, strict=True)
+    )
+    return f"glibc free chunks by size (malloc_info, {len(heaps)} heaps): {parts}\n"
 
 
 def _rss_kib() -> int:
