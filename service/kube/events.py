@@ -35,7 +35,7 @@ MAX_MESSAGE = 1024  # what events.k8s.io accepts; kubectl shows less
 CACHE = 4096  # objects and (object, reason, message) remembered, least recently used dropped
 
 
-@dataclass
+@dataclass(slots=True)  # CACHE of each: 40 bytes less each than with a __dict__
 class _Seen:
     name: str
     namespace: str
@@ -43,7 +43,7 @@ class _Seen:
     last: float  # monotonic
 
 
-@dataclass
+@dataclass(slots=True)
 class _Bucket:
     tokens: float
     at: float
