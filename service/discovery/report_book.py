@@ -8,36 +8,26 @@ from __future__ import annotations
 
 import math
 
+from service.discovery.held_ends import HeldEnds
 from service.discovery.store import ErrorVotes
 
 
 class ReportBook:
-    """Not locked: the memory store calls it under its own lock.
-
-    Who held which proxy is kept for the longest window a report looks back (the store's `report_keep`: 10
-    minutes by default), one entry per (client, proxy) pair leased: at 500 leases a second, 20 clients over
-    10,000 proxies make all 200,000 pairs within minutes. They are kept by client, then by proxy (the
-    proxy's key is the inventory's string): 45 bytes a pair, where a dict keyed by (client, proxy) tuples
-    took 132 (a tuple each, and a table for keys of any type); tests/bench/bench_lease_memory.py measures
-    it."""
+    """Not locked: the memory store calls it under its own lock. Who held which proxy: `HeldEnds`."""
 
     def __init__(self) -> None:
-        self._held: dict[str, dict[str, float]] = {}  # client -> proxy -> its latest lease end there
+        self._held = HeldEnds()  # (client, proxy) -> its latest lease end there
         self._votes: dict[str, dict[str, float]] = {}  # proxy -> client -> when it reported `error`
         self._counts: dict[str, tuple[float, int]] = {}  # client -> (when its window ends, reports in it)
 
     def held(self, *, client: str, proxy: str, until: float) -> None:
-        ends = self._held.get(client)
-        if ends is None:
-            ends = self._held[client] = {}
-        ends[proxy] = max(ends.get(proxy, until), until)
+        self._held.put(client, proxy, until)
 
     def last_held(self, *, client: str, proxy: str) -> float | None:
-        ends = self._held.get(client)
-        return None if ends is None else ends.get(proxy)
+        return self._held.get(client, proxy)
 
     def pairs(self) -> int:
-        return sum(len(ends) for ends in self._held.values())
+        return self._held.pairs()
 
     def vote_error(self, *, proxy: str, client: str, now: float, window: float) -> ErrorVotes:
         votes = {c: at for c, at in self._votes.get(proxy, {}).items() if at > now - window}
@@ -55,11 +45,7 @@ class ReportBook:
 
     def sweep(self, *, now: float, keep: float) -> None:
         """Forget lease ends older than `keep` seconds and votes older than that."""
-        for client, ends in list(self._held.items()):
-            for proxy in [p for p, until in ends.items() if until + keep <= now]:
-                del ends[proxy]
-            if not ends:
-                del self._held[client]
+        self._held.sweep(now=now, keep=keep)
         for proxy in [p for p, votes in self._votes.items() if max(votes.values()) + keep <= now]:
             del self._votes[proxy]
         for client in [c for c, (ends, _) in self._counts.items() if ends <= now]:
