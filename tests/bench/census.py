@@ -12,6 +12,7 @@ appended (`sys._debugmallocstats`), which shows how much of the RSS is free spac
 
 from __future__ import annotations
 
+import bisect
 import collections
 import gc
 import io
@@ -19,6 +20,7 @@ import os
 import sys
 import tempfile
 import types
+from xml.etree import ElementTree
 
 PLAIN = (dict, list, tuple, set, frozenset, collections.deque)
 SKIP = (type, types.ModuleType, types.FunctionType, types.CodeType)
@@ -135,7 +137,6 @@ def _free_chunks() -> str:
     free space in chunks smaller than a page, between chunks in use."""
     try:
         import ctypes
-        import re
 
         libc = ctypes.CDLL("libc.so.6")
         libc.fopen.restype = ctypes.c_void_p
@@ -154,14 +155,12 @@ def _free_chunks() -> str:
     bounds = (512, 1024, 4096, 65536)
     totals = [0] * (len(bounds) + 1)
     counts = [0] * (len(bounds) + 1)
-    heaps = text.split("<heap ")[1:]  # the last element's tail holds the totals of all heaps: not summed
+    heaps = ElementTree.fromstring(text).findall("heap")  # the totals of all heaps come after: not summed
     for heap in heaps:
-        for _low, high, total, count in re.findall(
-            r'<size from="(\d+)" to="(\d+)" total="(\d+)" count="(\d+)"/>', heap.split("</sizes>")[0]
-        ):
-            index = next((i for i, bound in enumerate(bounds) if int(high) <= bound), len(bounds))
-            totals[index] += int(total)
-            counts[index] += int(count)
+        for size in heap.iterfind("sizes/size"):  # the bins by size ("unsorted" left out)
+            index = bisect.bisect_left(bounds, int(size.get("to", 0)))  # the first bound >= its top
+            totals[index] += int(size.get("total", 0))
+            counts[index] += int(size.get("count", 0))
     labels = ("<=512 B", "513 B-1 KiB", "1-4 KiB", "4-64 KiB", ">64 KiB")
     parts = ", ".join(
         f"{label} {total / 2**20:.1f} MiB ({count:,})"

@@ -149,7 +149,8 @@ def test_each_client_and_proxy_leased_is_one_pair_until_the_window_passes() -> N
     """Kept by client, then proxy (report_book.py): one entry a pair, forgotten once past the window."""
     store = MemoryStore(report_keep=600)
     first = take(store, at=NOW, ttl=10, client="a")
-    again = take(store, at=NOW + 20, ttl=10, client="a")  # the LRU hands out another proxy
+    again = take(store, at=NOW + 20, ttl=10, client="a")
+    assert again.proxy != first.proxy  # the LRU's next: a second pair of a's, not the first again
     take(store, at=NOW + 40, ttl=10, client="b")
     assert store.kept_pairs() == 3
     assert asyncio.run(store.last_held(client="a", proxy=first.proxy)) == NOW + 10
