@@ -17,6 +17,7 @@ client uses is freed there for the next proxy. Not locked: the memory store call
 
 from __future__ import annotations
 
+import heapq
 import math
 from array import array
 
@@ -34,7 +35,7 @@ class HeldEnds:
         self._dense: dict[str, array[float]] = {}  # client -> end by slot (NaN: none)
         self._slot: dict[str, int] = {}  # proxy -> its slot in every dense array
         self._proxies: list[str | None] = []  # slot -> its proxy (None: free)
-        self._free: list[int] = []
+        self._free: list[int] = []  # heap of the free slots below the last used one
 
     def put(self, client: str, proxy: str, until: float) -> None:
         """The client held `proxy` until `until` (a later end than the one kept replaces it)."""
@@ -95,13 +96,22 @@ class HeldEnds:
             if named is not None and not used[slot]:
                 del self._slot[named]
                 self._proxies[slot] = None
-                self._free.append(slot)
+                heapq.heappush(self._free, slot)
+        # Free slots at the end go (after a rotation of names the slots would stay at their peak): the
+        # lowest free slots are taken first, so the used ones gather at the front.
+        while self._proxies and self._proxies[-1] is None:
+            self._proxies.pop()
+        if len(self._free) > len(self._proxies) - len(self._slot):
+            self._free = [slot for slot in self._free if slot < len(self._proxies)]
+            heapq.heapify(self._free)
+        for dense in self._dense.values():
+            del dense[len(self._proxies) :]
 
     def _slot_of(self, proxy: str) -> int:
         slot = self._slot.get(proxy)
         if slot is None:
             if self._free:
-                slot = self._free.pop()
+                slot = heapq.heappop(self._free)
                 self._proxies[slot] = proxy
             else:
                 slot = len(self._proxies)

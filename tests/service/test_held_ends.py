@@ -53,5 +53,6 @@ def test_a_client_over_many_proxies_keeps_an_array_and_goes_back_to_a_dict() -> 
     assert set(ends._slot) == {"ns/p8"}  # the others' slots freed; its own kept for one more sweep
     ends.sweep(now=107.5, keep=0.0)
     assert not ends._slot
+    assert not ends._proxies  # free slots at the end are dropped, not kept at their peak
     assert ends.get("b", "ns/p0") is None
     assert ends.pairs() == 1
