@@ -106,6 +106,13 @@ class OperatorSettings(BaseSettings):
         ge=0,
         description="A proxy failing its probes has its stack refreshed at most this often per stack.",
     )
+    engine_host_idle_seconds: float = Field(
+        60.0,
+        ge=0,
+        description="In a cluster, a leader's Pulumi calls run in an engine host process that exits after "
+        "this many idle seconds, so the service never loads the Pulumi SDK; 0: in the service's process "
+        '(docs/decisions.md, "The engine host process"). Folder mode runs them in its own process.',
+    )
     malloc_trim_seconds: float = Field(
         30.0,
         ge=0,

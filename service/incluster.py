@@ -80,6 +80,10 @@ class ClusterMode:
             hostname=socket.gethostname(),
             foreign_lock_gone=functools.partial(lease_holder_gone, api, kube),
             fenced=True,  # operations only inside a leadership term; reads anywhere
+            # A term's calls in an engine host, gone when idle (automation/engine/hosted.py); the host's own
+            # end well inside the term's, so it is gone before this process would kill it.
+            host_idle_seconds=settings.engine_host_idle_seconds,
+            host_grace=0.6 * min(TERM_GRACE, kube.renew_deadline_seconds),
             probe_pods=kube.probe_pods(settings.listen_port),
         )
         self.engine = Engine(config)

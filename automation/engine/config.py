@@ -61,6 +61,12 @@ class EngineConfig:
     foreign_lock_gone: Callable[[str], bool] | None = field(default=None, compare=False)
     # Operations only inside a term (Engine.in_term): the in-cluster engine, where only a leader acts.
     fenced: bool = False
+    # > 0: a term's calls run in an engine host process (automation/engine/hosted.py), closed after this many
+    # idle seconds, so the service never loads the Pulumi SDK; 0: in this process.
+    host_idle_seconds: float = 0.0
+    # How long a host's own term end waits for its CLI calls after SIGINT before killing them: below the
+    # service's term grace, so the host is gone before the service would kill it.
+    host_grace: float = 6.0
 
     def environment(self) -> dict[str, str]:
         """Environment of every CLI call: the CLI's folder (a bundle's plugins), then our interpreter's (the

@@ -82,3 +82,15 @@ class ConfigCache:
     def forget(self, stack: str) -> None:
         with self._lock:
             self._written.pop(stack, None)
+
+    def entries(self) -> dict[str, tuple[str, str]]:
+        """{stack: (config digest, file digest)}: what an engine host hands back to the service, which gives
+        it to the term's next host (automation/engine/hosted.py), so an idle host's exit costs no write."""
+        with self._lock:
+            return {stack: (written.config, written.file) for stack, written in self._written.items()}
+
+    def adopt(self, entries: Mapping[str, tuple[str, str]], term: object | None) -> None:
+        """Take `entries` as written in `term` (the same leadership term's earlier host wrote them)."""
+        with self._lock:
+            for stack, (config, file) in entries.items():
+                self._written.setdefault(stack, Written(term=term, config=config, file=file))

@@ -16,6 +16,7 @@ loaded).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import secrets
@@ -26,7 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from automation.engine.config import (
     CONFIG_NAMESPACE,
@@ -51,10 +52,29 @@ if TYPE_CHECKING:
     from pulumi import automation as auto
 
     from automation.engine.command import PulumiAt
+    from automation.engine.hosted import EngineHost
 
 log = logging.getLogger(__name__)
 
 SKIP_CHECKPOINTS = "PULUMI_SKIP_CHECKPOINTS"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _hosted(method: Callable[Concatenate[Engine, P], R]) -> Callable[Concatenate[Engine, P], R]:
+    """A CLI-calling method: run in the term's engine host when this view has one (automation/engine/
+    hosted.py), else here. Subclasses that wrap a method (tests' counting engines) still see each call."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def forward(self: Engine, *args: P.args, **kwargs: P.kwargs) -> R:
+        if self._host is not None:
+            result: R = self._host.call(name, *args, **kwargs)
+            return result
+        return method(self, *args, **kwargs)
+
+    return forward
 
 
 class Engine:
@@ -67,6 +87,7 @@ class Engine:
         self._locks = LockRecovery(hostname=config.hostname, foreign_gone=config.foreign_lock_gone)
         self._written = ConfigCache()  # shared by the term views: each entry names its term
         self.term: Term | None = None
+        self._host: EngineHost | None = None  # a term view's engine host (config.host_idle_seconds > 0)
 
     def prepare(self) -> None:
         """Read the CLI's version ahead, in a thread (a replica that may lead: its first operation, a new
@@ -80,6 +101,13 @@ class Engine:
         bound = copy.copy(self)
         bound._bound = None
         bound.term = term
+        bound._host = None
+        if self.config.host_idle_seconds > 0:
+            from automation.engine.hosted import EngineHost
+
+            bound._host = EngineHost(
+                self, term, idle_seconds=self.config.host_idle_seconds, grace=self.config.host_grace
+            )
         return bound
 
     @property
@@ -94,6 +122,7 @@ class Engine:
 
     # --- operations -----------------------------------------------------------------------------------
 
+    @_hosted
     def up(self, spec: StackInput, *, refresh: bool = False) -> OperationResult:
         if refresh:  # a repair: nothing about the stack is taken on trust, its config included
             self._written.forget(spec.name)
@@ -111,6 +140,7 @@ class Engine:
                 stack=spec.name, kind="up", summary=result.summary, outputs=_plain(result.outputs)
             )
 
+    @_hosted
     def preview(self, spec: StackInput) -> list[PreviewStep]:
         with self._forgotten_on_failure(spec.name), self._operation(spec.name, "preview") as (stack, events):
             self._configure(stack, spec)
@@ -140,12 +170,14 @@ class Engine:
             )
             return Engine(throwaway).preview(spec)
 
+    @_hosted
     def preview_destroy(self, name: str) -> list[PreviewStep]:
         """What `destroy` would delete, changing nothing (the program does not run)."""
         with self._operation(name, "preview-destroy", create=False) as (stack, events):
             self._retry_lock(stack, lambda: stack.preview_destroy(on_event=events))
             return steps_from_events(events.events)
 
+    @_hosted
     def detect_drift(self, name: str) -> list[PreviewStep]:
         """Preview a refresh: what differs between state and the real resources, changing nothing."""
         with self._operation(name, "preview-refresh", create=False) as (stack, events):
@@ -156,6 +188,7 @@ class Engine:
             steps = steps_from_events(events.events, outcomes=True, parents=events.parents)
             return [step for step in steps if step.op not in UNCHANGING]
 
+    @_hosted
     def destroy(self, name: str) -> OperationResult | None:
         """Destroy every resource of a stack, then remove the stack. None when there was no stack."""
         if not self.exists(name):
@@ -166,6 +199,7 @@ class Engine:
             stack.workspace.remove_stack(name)
         return OperationResult.from_summary(stack=name, kind="destroy", summary=result.summary)
 
+    @_hosted
     def forget(self, name: str, components: list[str]) -> dict[str, list[str]]:
         """Drop the named proxy components and their children from state; the real resources stay.
 
@@ -192,6 +226,7 @@ class Engine:
     def exists(self, name: str) -> bool:
         return name in self.list_stack_names()
 
+    @_hosted
     def list_stack_names(self) -> list[str]:
         from pulumi import automation as auto
 
@@ -200,6 +235,7 @@ class Engine:
         except auto.errors.CommandError as exc:
             raise translate(exc, stack="*") from exc
 
+    @_hosted
     def info(self, name: str) -> StackInfo:
         with self._operation(name, "inspect", create=False) as (stack, _events):
             deployment = dict(stack.export_stack().deployment or {})
@@ -207,20 +243,24 @@ class Engine:
             outputs = dict(stack.outputs())
         return StackInfo.build(name=name, deployment=deployment, outputs=outputs, history=history)
 
+    @_hosted
     def outputs(self, name: str) -> dict[str, tuple[Any, bool]]:
         """Outputs as {key: (value, is_secret)}; callers mask the secrets unless asked not to."""
         with self._operation(name, "outputs", create=False) as (stack, _events):
             return {key: (out.value, out.secret) for key, out in stack.outputs().items()}
 
+    @_hosted
     def export(self, name: str) -> dict[str, Any]:
         with self._operation(name, "export", create=False) as (stack, _events):
             exported = stack.export_stack()
             return {"version": exported.version, "deployment": exported.deployment}
 
+    @_hosted
     def export_stored(self, name: str) -> dict[str, Any]:
         """The state as stored, secret values still encrypted (`export` above decrypts them)."""
         return dict(self._read_json(name, ["stack", "export"]))
 
+    @_hosted
     def plain_outputs(self, name: str) -> dict[str, Any]:
         """Output values (secrets decrypted); empty when there is no such stack. One CLI call."""
         try:
@@ -230,6 +270,7 @@ class Engine:
                 return {}
             raise
 
+    @_hosted
     def stack_tags(self, name: str) -> dict[str, str] | None:
         """The stack's tags (its owner among them); None when there is no such stack. One CLI call."""
         try:
@@ -240,6 +281,7 @@ class Engine:
             raise
         return {key: str(value) for key, value in tags.items()}
 
+    @_hosted
     def set_owner(self, name: str, installation: str) -> None:
         """Record `installation` as the stack's owner (a stack tag: kept by every backend)."""
         with self._operation(name, "tag", create=False) as (stack, _events):

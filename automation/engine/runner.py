@@ -42,6 +42,24 @@ class Runner:
 
         threading.Thread(target=read, name="pulumi-version", daemon=True).start()
 
+    def seed(self, version: str) -> None:
+        """The CLI's version as another process read it (an engine host's service): not read again."""
+        with self._lock:
+            if self._version is None and self._made is None:
+                self._version = Future[str]()
+                self._version.set_result(version)
+
+    def known_version(self) -> str | None:
+        """The version read ahead, when it is in (without waiting)."""
+        with self._lock:
+            read = self._version
+            made = self._made
+        if made is not None:
+            return str(made.version)
+        if read is not None and read.done() and read.exception() is None:
+            return read.result()
+        return None
+
     def get(self) -> PulumiAt:
         with self._lock:
             if self._made is None:

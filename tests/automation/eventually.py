@@ -14,3 +14,12 @@ async def eventually(condition: Callable[[], object], *, within: float, what: st
         if time.monotonic() > deadline:
             raise AssertionError(f"after {within:.0f}s still waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+def wait_until(condition: Callable[[], object], *, within: float, what: str) -> None:
+    """As `eventually`, in a thread that may block."""
+    deadline = time.monotonic() + within
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"after {within:.0f}s still waiting for {what}")
+        time.sleep(0.02)
