@@ -86,7 +86,8 @@ class ClusterMode:
             host_grace=0.6 * min(TERM_GRACE, kube.renew_deadline_seconds),
             probe_pods=kube.probe_pods(settings.listen_port),
         )
-        self.engine = Engine(config)
+        # Calls outside a term (the API's /v1/stacks) in a reads-only engine host; a term's in its own.
+        self.engine = Engine(config).reads_in_host()
         self.engine.prepare()  # the CLI's version read now: a new term's first read does not wait for it
         self.allowances = Allowances()  # deletion allowances outlive a term: a new leader honours them
         self.term: Term | None = None

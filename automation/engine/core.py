@@ -110,6 +110,21 @@ class Engine:
             )
         return bound
 
+    def reads_in_host(self) -> Engine:
+        """This engine with its calls outside any term in an engine host whose term is closed (reads only,
+        every operation refused: as a fenced engine outside a term), when `host_idle_seconds` > 0: a
+        replica's `/v1/stacks` loads no SDK into it either. Its term views (`in_term`) have their own."""
+        if self.config.host_idle_seconds <= 0:
+            return self
+        from automation.engine.hosted import EngineHost
+
+        view = copy.copy(self)
+        view._bound = None
+        view._host = EngineHost(
+            self, None, idle_seconds=self.config.host_idle_seconds, grace=self.config.host_grace
+        )
+        return view
+
     @property
     def _command(self) -> PulumiAt:
         """The CLI runner of this view (its term's), made on first use: making it imports the SDK and

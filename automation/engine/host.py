@@ -185,7 +185,10 @@ def main(argv: list[str]) -> int:
     valid_until, name, grace = float(argv[3]), argv[4], float(argv[5])
     calls = Connection(calls_fd, writable=False)
     replies = Connection(replies_fd, readable=False)
-    host = Host(calls, replies, Term(name, valid_until=valid_until), grace)
+    term = Term(name or "reads-only", valid_until=valid_until)
+    if not name:
+        term.close()  # outside any term (hosted.READS): reads only, every operation refused
+    host = Host(calls, replies, term, grace)
     init = calls.recv()
     root = logging.getLogger()
     root.handlers[:] = [_Forwarder(host.send)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HOST_ARGS = ["engine-host"]  # how the term sees the host among its children: an operation (unknown word)
+READS = "reads-only"  # the name of a host outside any term: its own term is closed from the start
 
 
 class HostExitedError(TransientError):
@@ -57,8 +59,12 @@ class _Process:
 class EngineHost:
     """Runs `Engine` calls of one term in a host process (see the module's docstring)."""
 
-    def __init__(self, engine: Engine, term: Term, *, idle_seconds: float, grace: float) -> None:
+    def __init__(self, engine: Engine, term: Term | None, *, idle_seconds: float, grace: float) -> None:
+        """`term` None: a host for the calls made outside any term (a follower's `/v1/stacks`), whose own
+        term is closed from its start: it runs reads and refuses every operation, as a fenced engine
+        outside a term does. It dies with this process (its keepalive pipe) and when idle."""
         self.engine, self.term = engine, term
+        self.name = term.name if term is not None else READS
         self.idle_seconds, self.grace = idle_seconds, grace
         self._lock = threading.Lock()
         self._process: _Process | None = None
@@ -89,9 +95,7 @@ class EngineHost:
                     if self._process is process:
                         self._process = None
                     if attempt == 2:
-                        raise HostExitedError(
-                            f"the engine host of term {self.term.name} is gone: {exc}"
-                        ) from exc
+                        raise HostExitedError(f"the engine host of term {self.name} is gone: {exc}") from exc
         try:
             return answer.result()
         finally:
@@ -116,7 +120,7 @@ class EngineHost:
             process.closed = True
             if self._process is process:
                 self._process = None
-        log.debug("engine host of term %s idle for %g s: closed", self.term.name, self.idle_seconds)
+        log.debug("engine host of term %s idle for %g s: closed", self.name, self.idle_seconds)
         with contextlib.suppress(OSError):
             process.calls.close()  # the host sees the end of its calls and exits
 
@@ -141,7 +145,7 @@ class EngineHost:
                         str(replies_write),
                         str(keep_read),
                         repr(valid_until),
-                        self.term.name,
+                        self.term.name if self.term is not None else "",
                         repr(self.grace),
                     ],
                     stdin=subprocess.DEVNULL,
@@ -156,7 +160,11 @@ class EngineHost:
             return process, keep_write
 
         try:
-            child = self.term.spawn(start, HOST_ARGS)
+            if self.term is not None:
+                child = self.term.spawn(start, HOST_ARGS)
+            else:
+                process, keepalive = start(math.inf)
+                child = Child(process=process, args=HOST_ARGS, keepalive=keepalive)
         except BaseException:
             for fd in (calls_write, replies_read):
                 os.close(fd)
@@ -183,7 +191,7 @@ class EngineHost:
         threading.Thread(
             target=self._read, args=(running,), name=f"engine-host-{child.process.pid}", daemon=True
         ).start()
-        log.info("engine host of term %s started (pid %d)", self.term.name, child.process.pid)
+        log.info("engine host of term %s started (pid %d)", self.name, child.process.pid)
         return running
 
     def _read(self, process: _Process) -> None:
@@ -216,19 +224,23 @@ class EngineHost:
                 if self._process is process:
                     self._process = None
             code = process.child.process.wait()
-            self.term.finished(process.child)
+            if self.term is not None:
+                self.term.finished(process.child)
+            else:
+                with contextlib.suppress(OSError):
+                    os.close(process.child.keepalive)
             with self._lock:
                 left = list(process.pending.values())
             for answer in left:
                 if not answer.done():
                     answer.set_exception(
-                        HostExitedError(f"the engine host of term {self.term.name} exited (status {code})")
+                        HostExitedError(f"the engine host of term {self.name} exited (status {code})")
                     )
             with contextlib.suppress(OSError):
                 process.replies.close()
             with contextlib.suppress(OSError):
                 process.calls.close()
-            log.debug("engine host of term %s exited (status %s)", self.term.name, code)
+            log.debug("engine host of term %s exited (status %s)", self.name, code)
 
     def _answer(self, process: _Process, number: int, holder: str) -> None:
         gone = self.engine.config.foreign_lock_gone

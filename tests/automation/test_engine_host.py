@@ -307,3 +307,25 @@ def test_a_call_in_flight_when_its_host_dies_fails_transiently(fleet: Fleet, pul
     assert isinstance(failure[0], HostExitedError), failure
     wait_until(lambda: pulumi_descendants(os.getpid()) == [], within=60, what="the orphaned CLI to stop")
     term.end(grace=5)
+
+
+def test_calls_outside_a_term_run_in_a_reads_only_host(fleet: Fleet) -> None:
+    """A replica's `/v1/stacks` (no term): reads in a host, operations refused there as outside a term."""
+    port = free_port()
+    term = Term("leader/9")
+    base = hosted_engine(fleet)
+    base.in_term(term).up(spec(fleet, port))
+    reads = base.reads_in_host()
+    assert reads.list_stack_names() == ["local"]
+    assert reads.stack_tags("local") is not None
+    assert host_of(reads).started == 1
+    assert len(host_pids()) == 2, "the term's host and the reads host"
+    with pytest.raises(TermEndedError, match="reads-only"):
+        reads.up(spec(fleet, port, free_port()))
+    with pytest.raises(TermEndedError, match="reads-only"):
+        reads.set_owner("local", "someone-else")
+    assert base.in_term(term).stack_tags("local") == reads.stack_tags("local")
+    host_of(reads).close()
+    base.in_term(term).destroy("local")
+    term.end(grace=5)
+    wait_until(lambda: host_pids() == [], within=30, what="both hosts to exit")
