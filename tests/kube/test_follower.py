@@ -273,8 +273,8 @@ def test_a_follower_serves_without_importing_the_engine_sdk(
     """`serve` as a follower (the Lease held by a leader that is not running), in a fresh interpreter,
     configured as in a pod (a ServiceAccount folder, no kubeconfig): it serves the leader's proxy and never
     imports the Pulumi SDK, gRPC or protobuf (issue 20: about 33 MiB of its RSS), nor the `kubernetes`
-    package's kubeconfig loader, requests and oauthlib (6.5 MiB). A leader imports the SDK at its first CLI
-    call (test_lazy_imports.py)."""
+    package's kubeconfig loader, requests and oauthlib (6.5 MiB). A leader's CLI calls run in an engine host
+    and load it there (tests/automation/test_engine_host.py)."""
     record = LeaseRecord.first("elsewhere", now=datetime.now(UTC), duration=600)
     write_lease(
         follower.api,
