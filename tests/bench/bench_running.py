@@ -20,7 +20,8 @@ The service's RSS is printed with its parts from /proc (anonymous memory against
 libraries' pages) as it grows.
 
 BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500) over BENCH_CONNECTIONS (64), BENCH_WINDOW
-(30 s), BENCH_READY_WITHIN (2400 s), BENCH_ECHO (own), BENCH_KEEP=1 keeps the working folder,
+(30 s), BENCH_LEASE_WINDOW (BENCH_WINDOW's: 300 reaches the lease state's steady state for this load),
+BENCH_READY_WITHIN (2400 s), BENCH_ECHO (own), BENCH_KEEP=1 keeps the working folder,
 BENCH_TRACEMALLOC=1 runs the service under tracemalloc and prints where its memory went (its RSS and CPU are
 then the tracer's too; BENCH_TRACE_FRAMES, 8, frames kept per allocation), BENCH_CENSUS=1 prints a census of
 the service's objects by what holds them at the end (tests/bench/census.py, with the modules it loaded),
@@ -86,6 +87,9 @@ RATE = float(os.environ.get("BENCH_LEASE_RATE", "500"))
 # crawlers leasing at once: with follower_phase's 8, the rate was bound by each answer's latency (8 in flight)
 CONNECTIONS = int(os.environ.get("BENCH_CONNECTIONS", "64"))
 WINDOW = float(os.environ.get("BENCH_WINDOW", "30"))
+LEASE_WINDOW = float(
+    os.environ.get("BENCH_LEASE_WINDOW", str(WINDOW))
+)  # long: the lease state's steady state
 READY_WITHIN = float(os.environ.get("BENCH_READY_WITHIN", "2400"))
 ECHO = os.environ.get("BENCH_ECHO", "own")
 GOAL_MIB = 128
@@ -157,17 +161,36 @@ def probes(url: str) -> float:
     )
 
 
+def engine_hosts(pid: int) -> list[int]:
+    """The service's engine host children (`python -m automation.engine.host`)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            with contextlib.suppress(OSError):
+                if b"automation.engine.host" in Path(f"/proc/{child}/cmdline").read_bytes():
+                    found.append(int(child))
+    return found
+
+
 def window(
-    label: str, svc: Service, url: str, groups: dict[str, list[int]], *, port: int, token: str, rate: float
+    label: str,
+    svc: Service,
+    url: str,
+    groups: dict[str, list[int]],
+    *,
+    port: int,
+    token: str,
+    rate: float,
+    seconds: float = WINDOW,
 ) -> None:
     cpu = {name: cpu_of(pids) for name, pids in groups.items()}
     own = time.process_time()
     lag, probed, started = lag_buckets(url), probes(url), time.monotonic()
     rss = [_rss_mib(svc.process.pid)]
     load = paced_leases(port, token, rate=rate, connections=CONNECTIONS)
-    latencies, not_ok = load(WINDOW) if rate else ([], 0)
+    latencies, not_ok = load(seconds) if rate else ([], 0)
     if not rate:
-        time.sleep(WINDOW)
+        time.sleep(seconds)
     wall = time.monotonic() - started
     rss.append(_rss_mib(svc.process.pid))
     used = {name: (cpu_of(pids) - cpu[name]) / wall for name, pids in groups.items()}
@@ -235,8 +258,12 @@ def run(tmp: Path) -> None:
             if CENSUS:  # before the leases: what the running fleet costs, without held leases
                 report_census(svc.process, tmp / "census.txt", until=_until)
                 (tmp / "census.txt").unlink()
-            window(f"probes + {RATE:.0f} leases/s", svc, url, groups, port=port, token=token, rate=RATE)
+            leases = f"probes + {RATE:.0f} leases/s"
+            window(leases, svc, url, groups, port=port, token=token, rate=RATE, seconds=LEASE_WINDOW)
             rss = _rss_mib(svc.process.pid)
+            # The engine host (automation/engine/hosted.py) exits when idle: its memory is the pod's only
+            # while it works.
+            print(f"engine host processes of the service at the end: {len(engine_hosts(svc.process.pid))}")
             print(f"service RSS at the end {rss:.1f} MiB: {rss / GOAL_MIB:.2f}x the {GOAL_MIB} MiB goal")
             print(f"service {memory_parts(svc.process.pid)}")
             if CENSUS:
