@@ -165,8 +165,8 @@ def engine_hosts(pid: int) -> list[int]:
     """The service's engine host children (`python -m automation.engine.host`)."""
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # a thread that ended, a child that exited meanwhile
+            for child in (task / "children").read_text().split():
                 if b"automation.engine.host" in Path(f"/proc/{child}/cmdline").read_bytes():
                     found.append(int(child))
     return found
@@ -345,6 +345,15 @@ def memory_parts(pid: int) -> str:
     return f"RSS {rss:.0f} MiB (anon {anon:.0f}, files {files:.0f}; peak {peak:.0f}), {threads} threads"
 
 
+def _hosts_rss(pid: int) -> str:
+    """The engine host's RSS while one runs (the pod's memory then holds it beside the service's)."""
+    sizes = []
+    for host in engine_hosts(pid):
+        with contextlib.suppress(OSError, ValueError):
+            sizes.append(_rss_mib(host))
+    return f"; engine host RSS {max(sizes):.0f} MiB" if sizes else ""
+
+
 def _until_ready(svc: Service, api: ApiClient) -> float:
     last, deadline = -1, time.monotonic() + READY_WITHIN
     while time.monotonic() < deadline:
@@ -353,7 +362,7 @@ def _until_ready(svc: Service, api: ApiClient) -> float:
         if ready != last:
             print(
                 f"  {ready}/{RUNNING} Ready after {time.monotonic() - svc.started:.0f} s; service "
-                f"{memory_parts(svc.process.pid)}",
+                f"{memory_parts(svc.process.pid)}{_hosts_rss(svc.process.pid)}",
                 flush=True,
             )
             last = ready
