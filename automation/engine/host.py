@@ -85,7 +85,10 @@ class _Forwarder(logging.Handler):
             message = record.getMessage()
             if record.exc_info:
                 message += "\n" + logging.Formatter().formatException(record.exc_info)
-            self._send(("log", record.name, record.levelno, message))
+            fields = getattr(record, "fields", None)  # the structured log's (`extra={"fields": ...}`)
+            self._send(
+                ("log", record.name, record.levelno, message, fields if isinstance(fields, dict) else None)
+            )
         except Exception:  # the service is gone: nobody to tell
             pass
 

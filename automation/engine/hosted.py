@@ -216,8 +216,9 @@ class EngineHost:
                     _, number, holder = message
                     threading.Thread(target=self._answer, args=(process, number, holder), daemon=True).start()
                 elif kind == "log":
-                    _, name, level, text = message
-                    logging.getLogger(name).log(level, "%s", text)
+                    _, name, level, text, fields = message
+                    extra = {"fields": fields} if fields else None
+                    logging.getLogger(name).log(level, "%s", text, extra=extra)
         finally:
             with self._lock:
                 process.closed = True  # no call is sent to it any more

@@ -5,6 +5,7 @@ proxies, the host started by the code under test, and a service stand-in process
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -76,11 +77,17 @@ def alive(pid: int) -> bool:
     return "\nState:\tZ" not in status
 
 
-def test_a_term_runs_its_calls_in_a_host_that_exits_when_idle(fleet: Fleet) -> None:
+def test_a_term_runs_its_calls_in_a_host_that_exits_when_idle(
+    fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     port = free_port()
     term = Term("leader/1")
     engine = hosted_engine(fleet, idle=1.0).in_term(term)
     result = engine.up(spec(fleet, port))
+    host_records = [r for r in caplog.records if r.name == "automation.engine.events"]
+    assert host_records, "the host's log records did not reach the service's logging"
+    assert any(getattr(r, "fields", {}).get("stack") == "local" for r in host_records), "their fields were lost"
     assert result.kind == "up"
     assert accepts(port)
     assert engine.list_stack_names() == ["local"]
