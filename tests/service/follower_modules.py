@@ -19,8 +19,9 @@ from pathlib import Path
 
 # What a follower never needs: the Automation API and the SDK under it (gRPC, protobuf, dill), the stacks'
 # programs, the Compute API's HTTP client. In a cluster no replica imports them: its CLI calls run in an
-# engine host (automation/engine/hosted.py). (OpenTelemetry is not here: FastAPI imports it.) Nor, on the memory store (the default), does any replica need the Redis
-# client (redis-py: about 7 MiB of RSS), nor a WebSocket implementation (service/api_server.py, WS).
+# engine host (automation/engine/hosted.py). (OpenTelemetry is not here: FastAPI imports it.) Nor, on the
+# memory store (the default), does any replica need the Redis client (redis-py: about 7 MiB of RSS), nor a
+# WebSocket implementation (service/api_server.py, WS).
 HEAVY = (
     "redis",
     "service.discovery.redis_store",
