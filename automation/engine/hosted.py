@@ -26,6 +26,7 @@ import threading
 from concurrent.futures import Future
 from dataclasses import replace
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from automation.engine.term import Child, Term
@@ -149,6 +150,7 @@ class EngineHost:
                         repr(self.grace),
                     ],
                     stdin=subprocess.DEVNULL,
+                    env=_host_environment(),
                     pass_fds=(calls_read, replies_write, keep_read),
                     text=True,
                 )
@@ -252,3 +254,16 @@ class EngineHost:
             value = False
         with contextlib.suppress(OSError, ValueError), self._lock:
             process.calls.send(("answer", number, value))
+
+
+def _host_environment() -> dict[str, str]:
+    """The service's environment, with the folder holding this package first on the host's import path:
+    `-m automation.engine.host` finds the same code whatever the service's working folder."""
+    root = Path(__file__).resolve().parents[2]
+    if root.name in ("site-packages", "dist-packages"):  # installed: every interpreter of it finds it
+        return dict(os.environ)
+    paths = [
+        str(root),
+        *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(root)),
+    ]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
