@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from automation.errors import PermanentError
-from stacks.models.wire import NO_AUTH_MAX_PREFIX_ENV, no_auth_min_prefix
+from stacks.models.no_auth import NO_AUTH_MAX_PREFIX_ENV, no_auth_min_prefix
 
 # The folder that holds our packages: the checkout, or site-packages when the distribution is installed.
 ROOT = Path(__file__).resolve().parents[2]

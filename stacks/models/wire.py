@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ipaddress
-import os
 from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,21 +54,12 @@ def normalise_cidr(value: str) -> str:
         raise ValueError(f"'{value}' is not a CIDR: write it like 203.0.113.0/24 or 2001:db8::/32") from None
 
 
-# Without credentials a proxy's sources may cover at most this many addresses (one /16, one /48): wider is an
-# open proxy in all but name (0.0.0.0/1 + 128.0.0.0/1 is the internet). The CRD holds the per-range prefix.
-NO_AUTH_MAX_PREFIX_ENV = "PROXY_OPERATOR_NO_AUTH_MIN_PREFIX"  # "16,48": the IPv4 and IPv6 prefix lengths
-DEFAULT_NO_AUTH_MIN_PREFIX = (16, 48)
-NO_AUTH_MAX_ITEMS = 32
-
-
-def no_auth_min_prefix() -> tuple[int, int]:
-    """(IPv4, IPv6) prefix lengths whose size bounds the sources of a proxy without credentials."""
-    raw = os.environ.get(NO_AUTH_MAX_PREFIX_ENV, "")
-    try:
-        v4, v6 = (int(part) for part in raw.split(","))
-    except ValueError:
-        return DEFAULT_NO_AUTH_MIN_PREFIX
-    return v4, v6
+from stacks.models.no_auth import (  # noqa: E402, F401 (the models' vocabulary, kept importable here)
+    DEFAULT_NO_AUTH_MIN_PREFIX,
+    NO_AUTH_MAX_ITEMS,
+    NO_AUTH_MAX_PREFIX_ENV,
+    no_auth_min_prefix,
+)
 
 
 def source_coverage(ranges: list[str]) -> tuple[int, int]:
