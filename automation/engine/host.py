@@ -11,6 +11,8 @@ under its watchdog, so
 - the leader's renewals reach the host on KEEPALIVE (one monotonic deadline a line, as a watchdog reads
   them) and go on to every running CLI; a frozen leader renews nothing and the CLIs' watchdogs interrupt
   them at the deadline;
+- `closed` on KEEPALIVE (the term closed in the service: `Term.close`, the first step of its end) closes the
+  host's own term: its calls in flight start no operation any more (reads go on);
 - KEEPALIVE closing (the service exited or was killed, even by SIGKILL) or a SIGINT/SIGTERM (the term
   ended) ends the host's term: no CLI starts any more, the running ones are interrupted and killed after
   GRACE seconds, and the host exits;
@@ -38,30 +40,13 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from automation.engine.core import Engine
+from automation.engine.hosted import CLOSED, OPERATION_METHODS, READ_METHODS
 from automation.engine.term import Term
 from automation.errors import TransientError
 
 log = logging.getLogger(__name__)
 
-# The Engine methods a service may call through the host (anything else is refused).
-METHODS = frozenset(
-    {
-        "up",
-        "preview",
-        "preview_destroy",
-        "detect_drift",
-        "destroy",
-        "forget",
-        "list_stack_names",
-        "info",
-        "outputs",
-        "export",
-        "export_stored",
-        "plain_outputs",
-        "stack_tags",
-        "set_owner",
-    }
-)
+METHODS = READ_METHODS | OPERATION_METHODS  # what a service may call through the host (nothing else)
 
 
 def portable(exc: BaseException) -> BaseException:
@@ -162,6 +147,9 @@ class Host:
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
+                    if line == CLOSED.strip():
+                        self.term.close()  # the service's term closed: no operation starts here either
+                        continue
                     with contextlib.suppress(ValueError):
                         self.term.extend(float(line))
         self.end("the service is gone")

@@ -29,7 +29,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from automation.engine.term import Child, Term
+from automation.engine.term import Child, Term, TermEndedError
 from automation.errors import TransientError
 
 if TYPE_CHECKING:
@@ -38,6 +38,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HOST_ARGS = ["engine-host"]  # how the term sees the host among its children: an operation (unknown word)
+CLOSED = b"closed\n"  # on the keepalive pipe: the term closed, the host's own term refuses operations now
+# The Engine methods a service may call through the host: those that only read, and those that operate
+# (refused here once the term has closed, before they reach the host).
+READ_METHODS = frozenset(
+    {"list_stack_names", "info", "outputs", "export", "export_stored", "plain_outputs", "stack_tags"}
+)
+OPERATION_METHODS = frozenset(
+    {"up", "preview", "preview_destroy", "detect_drift", "destroy", "forget", "set_owner"}
+)
 READS = "reads-only"  # the name of a host outside any term: its own term is closed from the start
 
 
@@ -73,11 +82,15 @@ class EngineHost:
         self._idle_timer: threading.Timer | None = None
         self._written: dict[str, tuple[str, str]] = {}  # the host's config cache, for the term's next host
         self.started = 0  # hosts started (for tests and the log)
+        if term is not None:
+            term.on_close(self._term_closed)
 
     # --- calls ------------------------------------------------------------------------------------------
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Run `engine.<method>(*args, **kwargs)` in the host; its result, or its error raised here."""
+        if method in OPERATION_METHODS and self.term is not None and self.term.ended:
+            raise TermEndedError(f"term {self.name} has ended: `{method}` was not started")
         with self._lock:
             if self._idle_timer is not None:
                 self._idle_timer.cancel()
@@ -106,6 +119,14 @@ class EngineHost:
                     self._idle_timer = threading.Timer(self.idle_seconds, self._close_if_idle, (process,))
                     self._idle_timer.daemon = True
                     self._idle_timer.start()
+
+    def _term_closed(self) -> None:
+        """The term closed: the live host's own term closes too (its calls in flight start no operation)."""
+        with self._lock:
+            process = self._process
+        if process is not None:
+            with contextlib.suppress(OSError):  # the host has exited: nothing to tell
+                os.write(process.child.keepalive, CLOSED)
 
     def close(self) -> None:
         """Close the host when nothing runs in it (a term view given up); the term's end stops it anyway."""

@@ -96,6 +96,7 @@ class Term:
         self._valid_until = valid_until
         self._before = before_operation
         self._idle = threading.Condition(self._lock)
+        self._close_listeners: list[Callable[[], None]] = []
 
     def __repr__(self) -> str:
         return f"Term({self.name}, ended={self._ended}, children={len(self._children)})"
@@ -162,9 +163,21 @@ class Term:
     # --- the end --------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Refuse new operations from now on (cheap: call it first when a term must stop)."""
+        """Refuse new operations from now on (cheap: call it first when a term must stop), here and in the
+        engine hosts of the term (their close listeners)."""
         with self._lock:
+            listeners = [] if self._ended else list(self._close_listeners)
             self._ended = True
+        for listener in listeners:
+            listener()
+
+    def on_close(self, listener: Callable[[], None]) -> None:
+        """Call `listener` when the term closes (at once when it has): an engine host's term closes too."""
+        with self._lock:
+            if not self._ended:
+                self._close_listeners.append(listener)
+                return
+        listener()
 
     def end(self, *, grace: float = 10.0) -> int:
         """Close, SIGINT every running child, and wait until none is left; a child still running after

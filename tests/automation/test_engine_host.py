@@ -345,3 +345,55 @@ def test_the_host_loads_no_model() -> None:
     script = "import sys, automation.engine.host; print(sorted(m for m in sys.modules if 'pydantic' in m))"
     output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     assert output.strip() == "[]"
+
+
+SLOW_CONFIG = textwrap.dedent(
+    """
+    import os, sys, time
+    marker = os.environ["SLOW_CONFIG_MARKER"]
+    words = [arg for arg in sys.argv[1:] if not arg.startswith("-")]
+    if words[:1] == ["config"]:
+        open(marker + ".config", "w").write("")
+        time.sleep(3)
+    if words[:1] == ["up"]:
+        open(marker + ".up", "w").write("")
+    os.execv(os.environ["REAL_PULUMI"], [os.environ["REAL_PULUMI"], *sys.argv[1:]])
+    """
+)
+
+
+def test_a_closed_term_starts_no_operation_in_its_host(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Term.close()` (the first step of a step-down) reaches the host: an `up` in flight whose config is
+    being set when the term closes never starts its `pulumi up`, and a new operation is refused in the
+    service; reads go on. The CLI is the real one behind a wrapper that makes `config set-all` take 3 s."""
+    cli = tmp_path / "cli" / "pulumi"
+    cli.parent.mkdir()
+    cli.write_text(f"#!{sys.executable}\n{SLOW_CONFIG}")
+    cli.chmod(0o755)
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("SLOW_CONFIG_MARKER", str(marker))
+    monkeypatch.setenv("REAL_PULUMI", str(TOOLS_BIN / "pulumi"))
+    term = Term("leader/10")
+    engine = hosted_engine(fleet, pulumi=cli).in_term(term)
+    failure: list[BaseException] = []
+
+    def up() -> None:
+        try:
+            engine.up(spec(fleet, free_port()))
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=up)
+    worker.start()
+    wait_until(Path(f"{marker}.config").exists, within=120, what="the up to set its config")
+    term.close()
+    worker.join(60)
+    assert failure, "the up ran after its term closed"
+    assert isinstance(failure[0], TermEndedError), failure
+    assert not Path(f"{marker}.up").exists(), "`pulumi up` started after the term closed"
+    with pytest.raises(TermEndedError, match="`destroy` was not started"):
+        engine.destroy("local")
+    assert engine.list_stack_names() == ["local"]  # reads go on in a closed term (the stack was created)
+    term.end(grace=5)
