@@ -51,6 +51,21 @@ def hosted_engine(fleet: Fleet, *, idle: float = 30.0, **changes: object) -> Eng
     return Engine(dataclasses.replace(config, **changes))  # type: ignore[arg-type]
 
 
+def up_in_background(engine: Engine, stack: StackInput) -> tuple[threading.Thread, list[BaseException]]:
+    """`engine.up(stack)` in a started thread; what it raised lands in the list."""
+    failure: list[BaseException] = []
+
+    def up() -> None:
+        try:
+            engine.up(stack)
+        except BaseException as exc:
+            failure.append(exc)
+
+    worker = threading.Thread(target=up)
+    worker.start()
+    return worker, failure
+
+
 def host_of(engine: Engine) -> EngineHost:
     assert engine._host is not None
     return engine._host
@@ -153,16 +168,7 @@ def test_ending_the_term_interrupts_the_hosts_up_and_leaves_no_child(
     locks = pulumi_env.backend_dir / ".pulumi" / "locks"
     term = Term("leader/4")
     engine = hosted_engine(fleet).in_term(term)
-    failure: list[BaseException] = []
-
-    def up() -> None:
-        try:
-            engine.up(spec(fleet, *(free_port() for _ in range(6))))
-        except BaseException as exc:
-            failure.append(exc)
-
-    worker = threading.Thread(target=up)
-    worker.start()
+    worker, failure = up_in_background(engine, spec(fleet, *(free_port() for _ in range(6))))
     wait_until(lambda: running_up(locks), within=120, what="`pulumi up` holding the stack's lock")
     term.end(grace=30)
     assert pulumi_descendants(os.getpid()) == [], "a pulumi child outlived its term"
@@ -297,16 +303,7 @@ def test_a_call_in_flight_when_its_host_dies_fails_transiently(fleet: Fleet, pul
     locks = pulumi_env.backend_dir / ".pulumi" / "locks"
     term = Term("leader/8")
     engine = hosted_engine(fleet).in_term(term)
-    failure: list[BaseException] = []
-
-    def up() -> None:
-        try:
-            engine.up(spec(fleet, *(free_port() for _ in range(4))))
-        except BaseException as exc:
-            failure.append(exc)
-
-    worker = threading.Thread(target=up)
-    worker.start()
+    worker, failure = up_in_background(engine, spec(fleet, *(free_port() for _ in range(4))))
     wait_until(lambda: running_up(locks), within=120, what="`pulumi up` holding the stack's lock")
     (pid,) = host_pids()
     os.kill(pid, signal.SIGKILL)
@@ -377,16 +374,7 @@ def test_a_closed_term_starts_no_operation_in_its_host(
     monkeypatch.setenv("REAL_PULUMI", str(TOOLS_BIN / "pulumi"))
     term = Term("leader/10")
     engine = hosted_engine(fleet, pulumi=cli).in_term(term)
-    failure: list[BaseException] = []
-
-    def up() -> None:
-        try:
-            engine.up(spec(fleet, free_port()))
-        except BaseException as exc:
-            failure.append(exc)
-
-    worker = threading.Thread(target=up)
-    worker.start()
+    worker, failure = up_in_background(engine, spec(fleet, free_port()))
     wait_until(Path(f"{marker}.config").exists, within=120, what="the up to set its config")
     term.close()
     worker.join(60)
