@@ -21,7 +21,9 @@ libraries' pages) as it grows.
 
 BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500) over BENCH_CONNECTIONS (64), BENCH_WINDOW
 (30 s), BENCH_LEASE_WINDOW (BENCH_WINDOW's: 300 reaches the lease state's steady state for this load),
-BENCH_READY_WITHIN (2400 s), BENCH_ECHO (own), BENCH_KEEP=1 keeps the working folder,
+BENCH_READY_WITHIN (2400 s), BENCH_ECHO (own), BENCH_STORE (memory; `redis`: the discovery store in a
+redis-server this bench starts, as every multi-replica installation runs, its RSS and CPU printed beside
+the service's), BENCH_KEEP=1 keeps the working folder,
 BENCH_TRACEMALLOC=1 runs the service under tracemalloc and prints where its memory went (its RSS and CPU are
 then the tracer's too; BENCH_TRACE_FRAMES, 8, frames kept per allocation), BENCH_CENSUS=1 prints a census of
 the service's objects by what holds them at the end (tests/bench/census.py, with the modules it loaded),
@@ -92,6 +94,7 @@ LEASE_WINDOW = float(
 )  # long: the lease state's steady state
 READY_WITHIN = float(os.environ.get("BENCH_READY_WITHIN", "2400"))
 ECHO = os.environ.get("BENCH_ECHO", "own")
+STORE = os.environ.get("BENCH_STORE", "memory")
 GOAL_MIB = 128
 FIRST_PORT = 20000  # below the ephemeral range (32768-60999 here): no outgoing connection holds one
 EPHEMERAL_LOW = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -234,6 +237,11 @@ def run(tmp: Path) -> None:
             if ECHO == "own":
                 echo = stack.enter_context(echo_server())
                 env["PROXY_OPERATOR_HEALTH_PROBE_URL"] = f"http://127.0.0.1:{echo.args[-1]}/v1/echo"
+            redis = None
+            if STORE == "redis":
+                redis, redis_url = stack.enter_context(redis_server())
+                env["PROXY_OPERATOR_DISCOVERY_STORE"] = "redis"
+                env["PROXY_OPERATOR_DISCOVERY_REDIS_URL"] = redis_url
             svc = stack.enter_context(service(args, tmp=tmp, name=name, env=env))
             url = _served_url(svc)
             token_file = tmp / f"state-{name}" / "dev-token"
@@ -252,6 +260,8 @@ def run(tmp: Path) -> None:
             }
             if ECHO == "own":
                 groups["echo route (its own process)"] = [echo.pid]
+            if redis is not None:
+                groups["redis-server (the store)"] = [redis.pid]
             print(f"{len(groups['listeners (all entries)'])} listener processes")
             port = int(url.rsplit(":", 1)[1])
             window("probes alone", svc, url, groups, port=port, token=token, rate=0)
@@ -266,6 +276,8 @@ def run(tmp: Path) -> None:
             print(f"engine host processes of the service at the end: {len(engine_hosts(svc.process.pid))}")
             print(f"service RSS at the end {rss:.1f} MiB: {rss / GOAL_MIB:.2f}x the {GOAL_MIB} MiB goal")
             print(f"service {memory_parts(svc.process.pid)}")
+            if redis is not None:
+                print(f"redis-server RSS {_rss_mib(redis.pid):.1f} MiB (the lease state, out of the service)")
             if CENSUS:
                 report_census(svc.process, tmp / "census.txt", until=_until)
 
@@ -321,6 +333,22 @@ def echo_server() -> Iterator[subprocess.Popen[bytes]]:
     try:
         bench_discovery._wait_listening(port, process, "echo server")
         yield process
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A redis-server of this bench's own (bench_discovery's: no persistence, loopback only)."""
+    from tests.bench import bench_discovery
+
+    started = bench_discovery._redis()
+    if started is None:
+        raise SystemExit("BENCH_STORE=redis needs redis-server on PATH (the test command installs it)")
+    process, url = started
+    try:
+        yield process, url
     finally:
         process.terminate()
         process.wait(10)
