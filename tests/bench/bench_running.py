@@ -216,7 +216,11 @@ def window(
 
 def run(tmp: Path) -> None:
     (tmp / "kube").mkdir()
-    with running_apiserver(tmp / "kube") as kube, kube.client() as api:
+    with contextlib.ExitStack() as outer, running_apiserver(tmp / "kube") as kube, kube.client() as api:
+        # before the proxies' ports are picked (they skip ports in use): redis-server's must not be one
+        redis: subprocess.Popen[bytes] | None = None
+        if STORE == "redis":
+            redis, redis_url = outer.enter_context(redis_server())
         prepare_cluster(kube, api, tmp)
         catalogue(api, tmp)
         created = _create(kube, api)
@@ -237,9 +241,7 @@ def run(tmp: Path) -> None:
             if ECHO == "own":
                 echo = stack.enter_context(echo_server())
                 env["PROXY_OPERATOR_HEALTH_PROBE_URL"] = f"http://127.0.0.1:{echo.args[-1]}/v1/echo"
-            redis = None
-            if STORE == "redis":
-                redis, redis_url = stack.enter_context(redis_server())
+            if redis is not None:
                 env["PROXY_OPERATOR_DISCOVERY_STORE"] = "redis"
                 env["PROXY_OPERATOR_DISCOVERY_REDIS_URL"] = redis_url
             svc = stack.enter_context(service(args, tmp=tmp, name=name, env=env))
