@@ -95,6 +95,8 @@ LEASE_WINDOW = float(
 READY_WITHIN = float(os.environ.get("BENCH_READY_WITHIN", "2400"))
 ECHO = os.environ.get("BENCH_ECHO", "own")
 STORE = os.environ.get("BENCH_STORE", "memory")
+if STORE not in ("memory", "redis"):
+    raise SystemExit(f"BENCH_STORE={STORE!r}: `memory` or `redis`")
 GOAL_MIB = 128
 FIRST_PORT = 20000  # below the ephemeral range (32768-60999 here): no outgoing connection holds one
 EPHEMERAL_LOW = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
