@@ -11,6 +11,8 @@ walk for that client and target starts after it. Release, renew and a forgiven p
 
 from __future__ import annotations
 
+from service.discovery.redis_share_scripts import COUNTS, LIMITS
+
 # The arguments both acquire scripts take (see their ARGV lists).
 _ARGS = r"""
 local now, count, ttl = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -20,102 +22,6 @@ local holding, rate, burst = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(AR
 local function fmt(x) return string.format('%.6f', x) end
 """
 
-# The fair share (service/discovery/fair_share.py, the same rules): the rate bucket first (an empty one
-# answers {'limited', 'lease_rate', when one more fits}), then the distinct proxies of the share pool this
-# client holds (`mine`: proxy -> when its last lease there ends) and the `room` left. When the share is
-# taken (`full`), only proxies in `mine` may be handed out. Expects `act` (the client's active leases: lease
-# id -> end), `used` (proxy -> end of the client's latest lease on it), `banby` (the penalties its reports
-# set: proxy -> end), `ratekey`, `share_key` (a set, or false: the pool is the candidates) and
-# `in_cand(proxy)`.
-_LIMITS = r"""
-local function in_share(proxy)
-  if share_key then return redis.call('SISMEMBER', share_key, proxy) == 1 end
-  return in_cand(proxy)
-end
-local tat = nil
-if rate then
-  tat = tonumber(redis.call('GET', ratekey)) or 0
-  if tat < now then tat = now end
-  local fits = math.floor(burst - (tat - now) * rate + 1e-9)
-  if fits < 1 then
-    return {'limited', 'lease_rate', fmt(now + math.max(tat - now - (burst - 1) / rate, 0))}
-  end
-  if fits < count then count = fits end
-end
-local mine, mine_list, room, full = {}, {}, nil, false
-if holding then
-  redis.call('ZREMRANGEBYSCORE', act, '-inf', fmt(now))
-  -- At most this many distinct proxies are held (a ban each, and a lease each, or each proxy whose latest
-  -- lease has not ended: `used`, released ones included): far enough under the limit, this request cannot
-  -- reach it, and the client's leases need not be read. Counting leases alone is not enough: a client that
-  -- never releases holds more leases than proxies (one per target and cooldown), and past its limit in
-  -- leases every request read them all (thousands: 10-300 ms of Redis each, issue 20).
-  local leases = redis.call('ZCARD', act)
-  local proxies = redis.call('ZCOUNT', used, '(' .. fmt(now), '+inf')
-  local most = math.min(leases, proxies) + redis.call('ZCOUNT', banby, '(' .. fmt(now), '+inf')
-  if most + count <= holding then holding = nil end
-end
-if holding then
-  local ids = redis.call('ZRANGE', act, 0, -1, 'WITHSCORES')
-  for i = 1, #ids, 2 do
-    local proxy = redis.call('HGET', lease_prefix .. ids[i], 'proxy')
-    if proxy and in_share(proxy) then
-      local e = tonumber(ids[i + 1])
-      if mine[proxy] == nil then mine_list[#mine_list + 1] = proxy end
-      if mine[proxy] == nil or mine[proxy] < e then mine[proxy] = e end
-    end
-  end
-  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf', 'WITHSCORES')
-  for i = 1, #bans, 2 do
-    local proxy, e = bans[i], tonumber(bans[i + 1])
-    if in_share(proxy) then
-      if mine[proxy] == nil then mine_list[#mine_list + 1] = proxy end
-      if mine[proxy] == nil or mine[proxy] < e then mine[proxy] = e end
-    end
-  end
-  room = holding - #mine_list
-  if room <= 0 then room, full = nil, true end
-end
--- What is eligible among `list` (proxy keys), least recently used first, and the earliest a skipped one is.
-local function judge(list)
-  local eligible, first = {}, nil
-  local CHUNK = 4000
-  for s = 1, #list, CHUNK do
-    local part = {unpack(list, s, math.min(s + CHUNK - 1, #list))}
-    local h = redis.call('ZMSCORE', hold, unpack(part))
-    local p = redis.call('ZMSCORE', pen, unpack(part))
-    local l = redis.call('ZMSCORE', lru, unpack(part))
-    for i = 1, #part do
-      local at = tonumber(p[i]) or 0
-      if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
-      if at <= now then
-        eligible[#eligible + 1] = {tonumber(l[i]) or -1, part[i]}
-      elseif first == nil or at < first then
-        first = at
-      end
-    end
-  end
-  table.sort(eligible, function(a, b) return a[1] < b[1] or (a[1] == b[1] and a[2] < b[2]) end)
-  return eligible, first
-end
--- Take from `eligible` in order while count and room allow.
-local function take(eligible, picked)
-  for i = 1, #eligible do
-    if #picked >= count or room == 0 then break end
-    local key = eligible[i][2]
-    picked[#picked + 1] = key
-    if room and not mine[key] then room = room - 1 end
-  end
-end
--- Nothing handed out because the share is taken: when the first of its proxies frees (or turns eligible).
-local function share_taken(earliest)
-  local untl = nil
-  for _, e in pairs(mine) do if untl == nil or e < untl then untl = e end end
-  if earliest and earliest < untl then untl = earliest end
-  return {'limited', 'lease_share', fmt(untl)}
-end
-"""
-
 # Both acquire scripts end the same way: hand out `picked` (proxy keys, LRU order first) with the lease ids
 # from ARGV[11...], hold each for this client and target until max(cooldown, ttl) (or longer, when a sticky
 # session re-uses a proxy it holds already), and mark it used now.
@@ -123,18 +29,18 @@ _HAND_OUT = r"""
 if #picked == 0 and full then return share_taken(earliest) end
 local hold_until = now + math.max(cooldown, ttl)
 local out = {earliest and string.format('%.6f', earliest) or ''}
-redis.call('ZREMRANGEBYSCORE', act, '-inf', fmt(now))
+trim(now)
 for i = 1, #picked do
   local key, id = picked[i], ARGV[13 + i]
   redis.call('ZADD', hold, 'GT', string.format('%.6f', hold_until), key)  -- never lowers a longer hold
-  redis.call('ZADD', lru, string.format('%.6f', now), key)
+  redis.call('ZADD', lru, fmt(now + (i - 1) * 1e-6), key)  -- a microsecond apart: the LRU keeps their order
   local lk = lease_prefix .. id
   redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
     'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
     'hold', string.format('%.6f', hold_until), 'released', '0')
   redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
   redis.call('ZADD', used, 'GT', string.format('%.6f', now + ttl), key)  -- who may report on it
-  redis.call('ZADD', act, fmt(now + ttl), id)  -- what it holds, for its share
+  if redis.call('ZADD', act, fmt(now + ttl), id) == 1 then counted(key, 1) end  -- what it holds
   out[#out + 1] = id
   out[#out + 1] = key
 end
@@ -146,6 +52,7 @@ if #picked > 0 then
   if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
   local act_keep = math.floor((ttl + 60) * 1000)
   if redis.call('PTTL', act) < act_keep then redis.call('PEXPIRE', act, act_keep) end
+  keep_counts()
   if rate then
     local after = tat + #picked / rate
     redis.call('SET', ratekey, fmt(after), 'PX', math.floor((after - now + 60) * 1000))
@@ -156,13 +63,14 @@ return out
 
 # KEYS: hold zset (client|target), penalty zset (target), lru zset, used zset (client: proxy -> lease end),
 #       act zset (client: lease id -> end), rate key (client), share set ('' when the pool is the candidates),
-#       banned-by zset (client: proxy -> end of the penalty its report set)
+#       banned-by zset (client: proxy -> end of the penalty its report set), then the client's counts:
+#       pcnt hash, pin hash (redis_share_scripts.COUNTS)
 # ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, holding, rate,
 #       burst, n_ids, ids..., candidates...
 ACQUIRE = (
     r"""
 local hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local share_key, banby = KEYS[7] ~= '' and KEYS[7], KEYS[8]
+local share_key, banby, pcnt, pin = KEYS[7] ~= '' and KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 """
     + _ARGS
@@ -178,12 +86,13 @@ local function in_cand(proxy)
   end
   return cand[proxy] == true
 end
+local count_key, pool_list = share_key, listed
 """
-    + _LIMITS
+    + LIMITS
     + r"""
 if full then
   local kept = {}
-  for i = 1, #listed do if mine[listed[i]] then kept[#kept + 1] = listed[i] end end
+  for i = 1, #listed do if is_mine(listed[i]) then kept[#kept + 1] = listed[i] end end
   full = #kept < #listed  -- the share keeps other candidates away (else: they are all its own)
   listed = kept
 end
@@ -198,13 +107,15 @@ take(eligible, picked)
 # in the pool; when all allow, the session's renewal (BIND_SESSION with the proxy unchanged), then ACQUIRE
 # on that proxy alone. Returns {'unbound'}, {'bound', proxy, penalty until or ''} (outside the pool or
 # penalised: nothing done), {'nocand'}, or ACQUIRE's answer.
-# KEYS: session hash, then ACQUIRE's eight, then the pool's set ('' when the pool is listed in ARGV)
+# KEYS: session hash, then ACQUIRE's first eight, the pool's set ('' when the pool is listed in ARGV), then
+#       the client's counts (pcnt, pin)
 # ARGV: ACQUIRE's up to the ids, then idle until, the session keys' lifetime (ms), client|session, the
 #       sessions-by-proxy key prefix, the pool's members (when listed)
 STICKY = (
     r"""
 local sess, hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local share_key, banby, pool_key = KEYS[8] ~= '' and KEYS[8], KEYS[9], KEYS[10] ~= '' and KEYS[10]
+local pcnt, pin = KEYS[11], KEYS[12]
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 if pool_key and redis.call('EXISTS', pool_key) == 0 then return {'nocand'} end
 """
@@ -230,11 +141,12 @@ redis.call('ZREMRANGEBYSCORE', sessby, '-inf', ARGV[1])
 redis.call('PEXPIRE', sessby, ARGV[b + 1])
 local listed = {proxy}
 local function in_cand(p) return p == proxy end
+local count_key, pool_list = share_key, listed
 """
-    + _LIMITS
+    + LIMITS
     + r"""
 if full then
-  full = not mine[proxy]  -- the share keeps its proxy away (else: it is its own)
+  full = not is_mine(proxy)  -- the share keeps its proxy away (else: it is its own)
   if full then listed = {} end
 end
 local eligible, earliest = judge(listed)
@@ -244,8 +156,10 @@ take(eligible, picked)
     + _HAND_OUT
 )
 
-# KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix, act key prefix, lease id
-RELEASE = r"""
+# KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix, act key prefix, lease id, lease key
+#       prefix, pcnt key prefix, pin key prefix
+RELEASE = (
+    r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
 if not f[1] then return '' end
 local now, cooldown = tonumber(ARGV[1]), tonumber(ARGV[2])
@@ -257,12 +171,21 @@ if cur and tonumber(cur) == tonumber(f[6]) then
   redis.call('HDEL', ARGV[4] .. f[2], f[1])
 end
 redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', now))
-redis.call('ZREM', ARGV[5] .. f[1], ARGV[6])
+local act, pcnt, pin, lease_prefix = ARGV[5] .. f[1], ARGV[8] .. f[1], ARGV[9] .. f[1], ARGV[7]
+local function fmt(x) return string.format('%.6f', x) end
+"""
+    + COUNTS
+    + r"""
+if redis.call('ZREM', act, ARGV[6]) == 1 then
+  counted(f[3], -1)
+  keep_counts()
+end
 return 'ok'
 """
+)
 
 # KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix, used key prefix,
-#       act key prefix, lease id
+#       act key prefix, lease id, pcnt key prefix, pin key prefix
 # The lease ends at now + ttl; its hold follows when it is this lease's (or shorter), as in the memory store.
 RENEW = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -287,7 +210,11 @@ redis.call('ZADD', used, 'GT', string.format('%.6f', untl), f[3])
 local act = ARGV[8] .. f[1]
 redis.call('ZADD', act, 'XX', string.format('%.6f', untl), ARGV[9])
 local act_keep = math.floor((ttl + 60) * 1000)
-if redis.call('PTTL', act) < act_keep then redis.call('PEXPIRE', act, act_keep) end
+if redis.call('PTTL', act) < act_keep then
+  redis.call('PEXPIRE', act, act_keep)
+  local counts = {ARGV[10] .. f[1], ARGV[11] .. f[1]}  -- they expire with `act` (redis_share_scripts.COUNTS)
+  for i = 1, 2 do redis.call('PEXPIRE', counts[i], act_keep) end
+end
 local used_keep = math.floor((ttl + grace) * 1000)
 if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
 return 'ok'
@@ -366,33 +293,67 @@ return n
 
 # The same decision over a candidate set stored in Redis (uploaded once per distinct set, by digest), walking
 # the LRU zset from its oldest member (or after the ineligible run the last walk for this client and target
-# found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case.
+# found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case. A
+# client at its share that holds few proxies gets them sorted; one that holds many (an eighth of the LRU or
+# more) walks the LRU for them, as the memory store does: neither reads its leases.
 # KEYS: hold zset, penalty zset, lru zset, used zset, candidate set, skip hash (target), act zset, rate key,
-#       share set ('' when the pool is the candidates), banned-by zset
+#       share set ('' when the pool is the candidates), banned-by zset, then the client's counts (pcnt, pin)
 # ARGV: as ACQUIRE's, without the candidates
 ACQUIRE_FROM_SET = (
     r"""
 local hold, pen, lru, used, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local act, ratekey, share_key, banby = KEYS[7], KEYS[8], KEYS[9] ~= '' and KEYS[9], KEYS[10]
+local pcnt, pin = KEYS[11], KEYS[12]
 if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 redis.call('PEXPIRE', cand, 600000)
 local function in_cand(proxy) return redis.call('SISMEMBER', cand, proxy) == 1 end
+local count_key, pool_list = share_key or cand, {}
 """
     + _ARGS
-    + _LIMITS
+    + LIMITS
     + r"""
+-- Of `members`, which the client holds (is_mine for each, in a few calls).
+local function mine_of(members)
+  local leased = redis.call('HMGET', pcnt, unpack(members))
+  local bans = redis.call('ZMSCORE', banby, unpack(members))
+  local shared = share_key and redis.call('SMISMEMBER', share_key, unpack(members))
+  local out = {}
+  for i = 1, #members do
+    out[i] = (leased[i] ~= false or (tonumber(bans[i]) or 0) > now) and (not shared or shared[i] == 1)
+  end
+  return out
+end
+-- The share keeps some candidate away (one it does not hold): a 429, not a 503.
+local function kept_away()
+  if not share_key then return held_now < redis.call('SCARD', cand) end
+  local all = redis.call('SMEMBERS', cand)
+  for s = 1, #all, 1000 do
+    local part = {unpack(all, s, math.min(s + 999, #all))}
+    local m = mine_of(part)
+    for i = 1, #part do if not m[i] then return true end end
+  end
+  return false
+end
 local picked, earliest = {}, nil
-if full then  -- no walk: only the proxies it holds may come again
-  local kept = {}
-  for i = 1, #mine_list do if in_cand(mine_list[i]) then kept[#kept + 1] = mine_list[i] end end
+if full and held_now * 8 < redis.call('ZCARD', lru) then  -- few held: sort them, no walk
+  local kept, seen = {}, {}
+  local held = redis.call('HKEYS', pcnt)
+  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf')
+  for i = 1, #bans do held[#held + 1] = bans[i] end
+  for i = 1, #held do
+    local key = held[i]
+    if not seen[key] and in_share(key) and in_cand(key) then kept[#kept + 1] = key end
+    seen[key] = true
+  end
   full = #kept < redis.call('SCARD', cand)  -- the share keeps other candidates away
   local eligible
   eligible, earliest = judge(kept)
   take(eligible, picked)
 else
+local only_held = full  -- many held: the walk passes the others by
 local pos, run_until = 0, nil
-local saved = (not ignore_cd) and redis.call('HGET', skips, client)
+local saved = (not (ignore_cd or full)) and redis.call('HGET', skips, client)
 if saved then
   local r = cjson.decode(saved)  -- {member, its score, eligible-from or '', candidate set}
   if r[4] == cand and (r[3] == '' or tonumber(r[3]) > now) then
@@ -415,16 +376,17 @@ while #picked < count and room ~= 0 do
   local member = redis.call('SMISMEMBER', cand, unpack(members))
   local h = ignore_cd and {} or redis.call('ZMSCORE', hold, unpack(members))
   local p = redis.call('ZMSCORE', pen, unpack(members))
+  local held = only_held and mine_of(members)
   for i = 1, n do
-    local at = nil  -- nil: not a candidate
-    if member[i] == 1 then
+    local at = nil  -- nil: not a candidate (or, at its share, not one it holds)
+    if member[i] == 1 and (not held or held[i]) then
       at = tonumber(p[i]) or 0
       if not ignore_cd then at = math.max(at, tonumber(h[i]) or 0) end
     end
     if at and at <= now then
       if #picked < count and room ~= 0 then
         picked[#picked + 1] = members[i]
-        if room and not mine[members[i]] then room = room - 1 end
+        if room and not is_mine(members[i]) then room = room - 1 end
       end
     else
       if at and (earliest == nil or at < earliest) then earliest = at end
@@ -437,12 +399,13 @@ while #picked < count and room ~= 0 do
   if n < size then break end
   size = math.min(size * 2, 1024)
 end
-if skipped >= 16 and not ignore_cd then
+if skipped >= 16 and not (ignore_cd or full) then
   local untl = run_until and string.format('%.6f', run_until) or ''
   redis.call('HSET', skips, client, cjson.encode({last, last_score, untl, cand}))
   local keep = math.floor(((run_until or now + 600) - now + 60) * 1000)
   if redis.call('PTTL', skips) < keep then redis.call('PEXPIRE', skips, keep) end
 end
+if full and #picked == 0 then full = kept_away() end
 end
 """
     + _HAND_OUT

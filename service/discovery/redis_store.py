@@ -6,8 +6,10 @@ last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash, `P:skip:<t
 its next walk of the LRU resumes (see redis_scripts.py); for reports, `P:used:<client>` zset proxy -> end of
 its latest lease, `P:err:<proxy>` zset client -> its `error` vote, `P:rate:<client>:<window>` a counter; for
 fair shares (fair_share.py), `P:act:<client>` zset lease id -> end of each active lease,
-`P:banby:<client>|<target>` zset proxy -> end of a penalty its report set for that target, and
-`P:lrate:<client>` its rate bucket; for the report summary (report_summary.py), `P:rep:<proxy>` hash entry ->
+`P:banby:<client>|<target>` zset proxy -> end of a penalty its report set for that target,
+`P:pcnt:<client>` hash proxy -> its running leases there and `P:pin:<client>` hash pool set -> the proxies
+of that set it leases (counts kept with `act`, redis_share_scripts.COUNTS), and `P:lrate:<client>` its rate
+bucket; for the report summary (report_summary.py), `P:rep:<proxy>` hash entry ->
 reports and `P:repat:<proxy>` zset entry -> latest report.
 Every key but `P:lru` carries a TTL.
 """
@@ -106,8 +108,9 @@ class RedisStore:
         for _ in range(2):  # a set may have expired in Redis since this process uploaded it: upload again
             share = await self._share_key(request)
             limits = self._limit_keys(request, share)
+            counts = self._count_keys(request.client)
             if listed:
-                keys = [*self._keys(request), self._used_key(request.client), *limits]
+                keys = [*self._keys(request), self._used_key(request.client), *limits, *counts]
                 args = [*self._args(request, now=now), *request.candidates]
                 out = await self._run(self._acquire, keys=keys, args=args)
                 cand = ""
@@ -119,6 +122,7 @@ class RedisStore:
                     cand,
                     self._skip_key(request.target),
                     *limits,
+                    *counts,
                 ]
                 out = await self._run(self._acquire_set, keys=keys, args=self._args(request, now=now))
             if out[0] != "nocand":
@@ -177,6 +181,11 @@ class RedisStore:
             share,
             f"{self._p}:banby:{request.client}|{request.target}",
         ]
+
+    def _count_keys(self, client: str) -> list[str]:
+        """The client's share counts (redis_share_scripts.COUNTS): proxy -> its running leases there, and
+        pool set -> the proxies of that set it leases."""
+        return [f"{self._p}:pcnt:{client}", f"{self._p}:pin:{client}"]
 
     def _keys(self, request: AcquireRequest) -> list[str]:
         hold = self._hold_key(request.client, request.target)
@@ -245,7 +254,10 @@ class RedisStore:
         out = await self._run(
             self._release,
             keys=[f"{self._p}:lease:{lease_id}"],
-            args=[_f(now), _f(cooldown), f"{self._p}:hold:", f"{self._p}:skip:", f"{self._p}:act:", lease_id],
+            args=[
+                *(_f(now), _f(cooldown), f"{self._p}:hold:", f"{self._p}:skip:", f"{self._p}:act:", lease_id),
+                *(f"{self._p}:lease:", f"{self._p}:pcnt:", f"{self._p}:pin:"),
+            ],
         )
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
 
@@ -255,6 +267,8 @@ class RedisStore:
             f"{self._p}:used:",
             f"{self._p}:act:",
             lease_id,
+            f"{self._p}:pcnt:",
+            f"{self._p}:pin:",
         ]
         out = await self._run(self._renew, keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
@@ -357,6 +371,7 @@ class RedisStore:
                 self._used_key(request.client),
                 *self._limit_keys(request, share),
                 pool_key,
+                *self._count_keys(request.client),
             ]
             binding = [_f(now + idle), str(int((idle + 60) * 1000)), f"{request.client}|{session}"]
             args = [*self._args(request, now=now), *binding, self._sessby_key(""), *listed]

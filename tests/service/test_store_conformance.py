@@ -313,6 +313,29 @@ def test_a_client_holds_at_most_its_share_of_the_pool(run: Callable[[Scenario], 
     run(scenario)
 
 
+def test_a_proxy_the_client_holds_already_takes_no_room_in_its_share(run: Callable[[Scenario], None]) -> None:
+    """A lease on a proxy it holds (for another target) is not one more proxy held: the rest of the room goes
+    to the next ones (the count is the client's distinct proxies, kept as its leases start and end)."""
+
+    async def scenario(s: Stores) -> None:
+        first = await s.store.acquire(shared("a", tag="1", holding=2, target="t1"), now=NOW)
+        assert _proxies(first) == ["a"]
+        other = AcquireRequest(
+            client="other",
+            target="t1",
+            candidates=["b", "c"],
+            count=2,
+            ttl=60,
+            cooldown=10,
+            lease_ids=["o1", "o2"],
+        )
+        assert len((await s.store.acquire(other, now=NOW + 1)).leases) == 2  # b, c: more recent than a
+        got = await s.store.acquire(shared("a", "b", "c", tag="2", count=3, holding=2), now=NOW + 2)
+        assert [lease.proxy for lease in got.leases] == ["a", "b"]  # a (its own), then one more: b
+
+    run(scenario)
+
+
 def test_a_client_holding_its_whole_pool_gets_its_proxies_least_recently_used_first(
     run: Callable[[Scenario], None],
 ) -> None:
