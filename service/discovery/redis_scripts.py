@@ -64,13 +64,14 @@ return out
 # KEYS: hold zset (client|target), penalty zset (target), lru zset, used zset (client: proxy -> lease end),
 #       act zset (client: lease id -> end), rate key (client), share set ('' when the pool is the candidates),
 #       banned-by zset (client: proxy -> end of the penalty its report set), then the client's counts:
-#       pcnt hash, pin hash (redis_share_scripts.COUNTS)
+#       pcnt, pin, pnum (redis_share_scripts.COUNTS)
 # ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, holding, rate,
 #       burst, n_ids, ids..., candidates...
 ACQUIRE = (
     r"""
 local hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local share_key, banby, pcnt, pin = KEYS[7] ~= '' and KEYS[7], KEYS[8], KEYS[9], KEYS[10]
+local share_key, banby = KEYS[7] ~= '' and KEYS[7], KEYS[8]
+local pcnt, pin, pnum = KEYS[9], KEYS[10], KEYS[11]
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 """
     + _ARGS
@@ -108,14 +109,14 @@ take(eligible, picked)
 # on that proxy alone. Returns {'unbound'}, {'bound', proxy, penalty until or ''} (outside the pool or
 # penalised: nothing done), {'nocand'}, or ACQUIRE's answer.
 # KEYS: session hash, then ACQUIRE's first eight, the pool's set ('' when the pool is listed in ARGV), then
-#       the client's counts (pcnt, pin)
+#       the client's counts (pcnt, pin, pnum)
 # ARGV: ACQUIRE's up to the ids, then idle until, the session keys' lifetime (ms), client|session, the
 #       sessions-by-proxy key prefix, the pool's members (when listed)
 STICKY = (
     r"""
 local sess, hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local share_key, banby, pool_key = KEYS[8] ~= '' and KEYS[8], KEYS[9], KEYS[10] ~= '' and KEYS[10]
-local pcnt, pin = KEYS[11], KEYS[12]
+local pcnt, pin, pnum = KEYS[11], KEYS[12], KEYS[13]
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 if pool_key and redis.call('EXISTS', pool_key) == 0 then return {'nocand'} end
 """
@@ -157,7 +158,7 @@ take(eligible, picked)
 )
 
 # KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix, act key prefix, lease id, lease key
-#       prefix, pcnt key prefix, pin key prefix
+#       prefix, pcnt key prefix, pin key prefix, pnum key prefix
 RELEASE = (
     r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -172,6 +173,7 @@ if cur and tonumber(cur) == tonumber(f[6]) then
 end
 redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', now))
 local act, pcnt, pin, lease_prefix = ARGV[5] .. f[1], ARGV[8] .. f[1], ARGV[9] .. f[1], ARGV[7]
+local pnum = ARGV[10] .. f[1]
 local function fmt(x) return string.format('%.6f', x) end
 """
     + COUNTS
@@ -185,7 +187,7 @@ return 'ok'
 )
 
 # KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix, used key prefix,
-#       act key prefix, lease id, pcnt key prefix, pin key prefix
+#       act key prefix, lease id, pcnt key prefix, pin key prefix, pnum key prefix
 # The lease ends at now + ttl; its hold follows when it is this lease's (or shorter), as in the memory store.
 RENEW = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -212,8 +214,8 @@ redis.call('ZADD', act, 'XX', string.format('%.6f', untl), ARGV[9])
 local act_keep = math.floor((ttl + 60) * 1000)
 if redis.call('PTTL', act) < act_keep then
   redis.call('PEXPIRE', act, act_keep)
-  local counts = {ARGV[10] .. f[1], ARGV[11] .. f[1]}  -- they expire with `act` (redis_share_scripts.COUNTS)
-  for i = 1, 2 do redis.call('PEXPIRE', counts[i], act_keep) end
+  local counts = {ARGV[10] .. f[1], ARGV[11] .. f[1], ARGV[12] .. f[1]}  -- they expire with `act` (COUNTS)
+  for i = 1, 3 do redis.call('PEXPIRE', counts[i], act_keep) end
 end
 local used_keep = math.floor((ttl + grace) * 1000)
 if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
@@ -297,13 +299,13 @@ return n
 # client at its share that holds few proxies gets them sorted; one that holds many (an eighth of the LRU or
 # more) walks the LRU for them, as the memory store does: neither reads its leases.
 # KEYS: hold zset, penalty zset, lru zset, used zset, candidate set, skip hash (target), act zset, rate key,
-#       share set ('' when the pool is the candidates), banned-by zset, then the client's counts (pcnt, pin)
+#       share set ('' when the pool is the candidates), banned-by zset, the client's counts (pcnt, pin, pnum)
 # ARGV: as ACQUIRE's, without the candidates
 ACQUIRE_FROM_SET = (
     r"""
 local hold, pen, lru, used, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local act, ratekey, share_key, banby = KEYS[7], KEYS[8], KEYS[9] ~= '' and KEYS[9], KEYS[10]
-local pcnt, pin = KEYS[11], KEYS[12]
+local pcnt, pin, pnum = KEYS[11], KEYS[12], KEYS[13]
 if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 redis.call('PEXPIRE', cand, 600000)

@@ -6,15 +6,16 @@ they expect the locals each script defines (listed above each fragment).
 from __future__ import annotations
 
 # The client's share counts (as the memory store's `MemoryHoldings` keeps them): `pcnt` (proxy -> the
-# client's running leases on it, one for each entry of `act` naming it) and `pin` (a pool's set key -> how
-# many proxies of `pcnt` are in that set, for the sets its shares were counted over). Every change to `act`
-# goes through them, so no request reads the client's leases to count them (issue 20: at 30,000 leases
-# that read cost 5 ms of Redis a lease). They live as long as `act`. Expects `act`, `pcnt`, `pin`,
-# `lease_prefix` and `fmt`.
+# client's running leases on it, one for each entry of `act` naming it), `pnum` (their sum: as many as `act`
+# has entries) and `pin` (a pool's set key -> how many proxies of `pcnt` are in that set, for the sets its
+# shares were counted over). Every change to `act` goes through them, so no request reads the client's
+# leases to count them (issue 20: at 30,000 leases that read cost 5 ms of Redis a lease). They live as long
+# as `act`. Expects `act`, `pcnt`, `pnum`, `pin`, `lease_prefix` and `fmt`.
 COUNTS = r"""
 local PIN_SETS = 8  -- pools counted per client; past it the counts start again (a pass over `pcnt` each)
 -- A lease of the client on `proxy` began (+1) or ended (-1); its first and last change the pools' counts.
 local function counted(proxy, change)
+  redis.call('INCRBY', pnum, change)
   local n = redis.call('HINCRBY', pcnt, proxy, change)
   if n <= 0 then redis.call('HDEL', pcnt, proxy) end
   if (change > 0 and n == 1) or (change < 0 and n <= 0) then
@@ -32,10 +33,9 @@ end
 local function keep_counts()
   local left = redis.call('PTTL', act)
   if left > 0 then
-    redis.call('PEXPIRE', pcnt, left)
-    redis.call('PEXPIRE', pin, left)
+    for _, key in ipairs({pcnt, pnum, pin}) do redis.call('PEXPIRE', key, left) end
   else
-    redis.call('DEL', pcnt, pin)
+    redis.call('DEL', pcnt, pnum, pin)
   end
 end
 -- The leases that ended by `at` leave `act` and the counts: the cost is what ended, not what is held.
@@ -49,12 +49,26 @@ local function trim(at)
   redis.call('ZREMRANGEBYSCORE', act, '-inf', fmt(at))
   keep_counts()
 end
+-- The counts are counted again from `act` when they do not add up to its entries: a lease whose hash was
+-- lost (evicted, deleted by hand) could not be uncounted when it ended, and would have held its proxy for
+-- as long as the client kept leasing. One pass over its leases, once; a lease with no hash leaves `act`.
+local function recount()
+  if (tonumber(redis.call('GET', pnum)) or 0) == redis.call('ZCARD', act) then return end
+  redis.call('DEL', pcnt, pnum, pin)
+  local ids = redis.call('ZRANGE', act, 0, -1)
+  for i = 1, #ids do
+    local proxy = redis.call('HGET', lease_prefix .. ids[i], 'proxy')
+    if proxy then redis.call('HINCRBY', pcnt, proxy, 1) else redis.call('ZREM', act, ids[i]) end
+  end
+  redis.call('SET', pnum, redis.call('ZCARD', act))
+  keep_counts()
+end
 """
 
 # The fair share (service/discovery/fair_share.py, the same rules): the rate bucket first (an empty one
 # answers {'limited', 'lease_rate', when one more fits}), then how many distinct proxies of the share pool
 # the client holds (`held_now`, from the counts) and the `room` left. When the share is taken (`full`), only
-# the proxies it holds (`is_mine`) may be handed out. Expects `act`, `pcnt`, `pin`, `banby` (the penalties
+# the proxies it holds (`is_mine`) may be handed out. Expects COUNTS's locals, `banby` (the penalties
 # its reports set: proxy -> end), `ratekey`, `share_key` (a set, or false: the pool is the candidates),
 # `count_key` (the pool's set, or false: the pool is `pool_list`, a few proxies) and `in_cand(proxy)`.
 LIMITS = (
@@ -104,6 +118,7 @@ end
 local room, full, held_now = nil, false, 0
 if holding then
   trim(now)
+  recount()
   -- At most this many distinct proxies are held (one per proxy leased, one per ban): far enough under the
   -- limit, this request cannot reach it, and nothing need be counted.
   local most = redis.call('HLEN', pcnt) + redis.call('ZCOUNT', banby, '(' .. fmt(now), '+inf')

@@ -5,12 +5,13 @@ penalised-until, `P:strikes:<proxy>` hash target -> bans since the last good rep
 last hand-out, `P:lease:<id>` hash, `P:sess:<client>|<session>` hash, `P:skip:<target>` hash client -> where
 its next walk of the LRU resumes (see redis_scripts.py); for reports, `P:used:<client>` zset proxy -> end of
 its latest lease, `P:err:<proxy>` zset client -> its `error` vote, `P:rate:<client>:<window>` a counter; for
-fair shares (fair_share.py), `P:act:<client>` zset lease id -> end of each active lease,
-`P:banby:<client>|<target>` zset proxy -> end of a penalty its report set for that target,
-`P:pcnt:<client>` hash proxy -> its running leases there and `P:pin:<client>` hash pool set -> the proxies
-of that set it leases (counts kept with `act`, redis_share_scripts.COUNTS), and `P:lrate:<client>` its rate
-bucket; for the report summary (report_summary.py), `P:rep:<proxy>` hash entry ->
-reports and `P:repat:<proxy>` zset entry -> latest report.
+fair shares (fair_share.py), `P:running:<client>` zset lease id -> end of each running lease (the
+scripts' `act`; named `P:act:<client>` before the counts below, and renamed so that a replica of an older
+version never changes it without them during a rolling upgrade), `P:banby:<client>|<target>` zset proxy ->
+end of a penalty its report set for that target, the counts kept with `act` (redis_share_scripts.COUNTS):
+`P:pcnt:<client>` hash proxy -> its running leases there, `P:pnum:<client>` their sum, `P:pin:<client>` hash
+pool set -> the proxies of that set it leases; and `P:lrate:<client>` its rate bucket; for the report summary
+(report_summary.py), `P:rep:<proxy>` hash entry -> reports and `P:repat:<proxy>` zset entry -> latest report.
 Every key but `P:lru` carries a TTL.
 """
 
@@ -185,7 +186,7 @@ class RedisStore:
     def _count_keys(self, client: str) -> list[str]:
         """The client's share counts (redis_share_scripts.COUNTS): proxy -> its running leases there, and
         pool set -> the proxies of that set it leases."""
-        return [f"{self._p}:pcnt:{client}", f"{self._p}:pin:{client}"]
+        return [f"{self._p}:pcnt:{client}", f"{self._p}:pin:{client}", f"{self._p}:pnum:{client}"]
 
     def _keys(self, request: AcquireRequest) -> list[str]:
         hold = self._hold_key(request.client, request.target)
@@ -255,8 +256,15 @@ class RedisStore:
             self._release,
             keys=[f"{self._p}:lease:{lease_id}"],
             args=[
-                *(_f(now), _f(cooldown), f"{self._p}:hold:", f"{self._p}:skip:", f"{self._p}:act:", lease_id),
-                *(f"{self._p}:lease:", f"{self._p}:pcnt:", f"{self._p}:pin:"),
+                *(
+                    _f(now),
+                    _f(cooldown),
+                    f"{self._p}:hold:",
+                    f"{self._p}:skip:",
+                    f"{self._p}:running:",
+                    lease_id,
+                ),
+                *(f"{self._p}:lease:", f"{self._p}:pcnt:", f"{self._p}:pin:", f"{self._p}:pnum:"),
             ],
         )
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
@@ -265,10 +273,11 @@ class RedisStore:
         args = [
             *(_f(now), _f(ttl), _f(cooldown), f"{self._p}:hold:", _f(LEASE_GRACE), f"{self._p}:skip:"),
             f"{self._p}:used:",
-            f"{self._p}:act:",
+            f"{self._p}:running:",
             lease_id,
             f"{self._p}:pcnt:",
             f"{self._p}:pin:",
+            f"{self._p}:pnum:",
         ]
         out = await self._run(self._renew, keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
@@ -426,7 +435,7 @@ class RedisStore:
         return f"{self._p}:hold:{client}|{target}"
 
     def _act_key(self, client: str) -> str:
-        return f"{self._p}:act:{client}"
+        return f"{self._p}:running:{client}"
 
     def _rate_key(self, client: str) -> str:
         return f"{self._p}:lrate:{client}"
