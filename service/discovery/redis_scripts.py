@@ -33,14 +33,15 @@ trim(now)
 for i = 1, #picked do
   local key, id = picked[i], ARGV[13 + i]
   redis.call('ZADD', hold, 'GT', string.format('%.6f', hold_until), key)  -- never lowers a longer hold
-  redis.call('ZADD', lru, fmt(now + (i - 1) * 1e-6), key)  -- a microsecond apart: the LRU keeps their order
+  local taken = fmt(now + (i - 1) * 1e-6)  -- a microsecond apart: the LRU keeps their order
+  redis.call('ZADD', lru, taken, key)
   local lk = lease_prefix .. id
   redis.call('HSET', lk, 'client', client, 'target', target, 'proxy', key,
     'handed', string.format('%.6f', now), 'expires', string.format('%.6f', now + ttl),
     'hold', string.format('%.6f', hold_until), 'released', '0')
   redis.call('PEXPIRE', lk, math.floor((ttl + grace) * 1000))
   redis.call('ZADD', used, 'GT', string.format('%.6f', now + ttl), key)  -- who may report on it
-  if redis.call('ZADD', act, fmt(now + ttl), id) == 1 then counted(key, 1) end  -- what it holds
+  if redis.call('ZADD', act, fmt(now + ttl), id) == 1 then counted(key, 1, taken) end  -- what it holds
   out[#out + 1] = id
   out[#out + 1] = key
 end
@@ -64,14 +65,14 @@ return out
 # KEYS: hold zset (client|target), penalty zset (target), lru zset, used zset (client: proxy -> lease end),
 #       act zset (client: lease id -> end), rate key (client), share set ('' when the pool is the candidates),
 #       banned-by zset (client: proxy -> end of the penalty its report set), then the client's counts:
-#       pcnt, pin, pnum (redis_share_scripts.COUNTS)
+#       pcnt, pin, pnum, ptake (redis_share_scripts.COUNTS)
 # ARGV: now, count, ttl, cooldown, client, target, lease key prefix, grace, ignore_cooldown, holding, rate,
 #       burst, n_ids, ids..., candidates...
 ACQUIRE = (
     r"""
 local hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local share_key, banby = KEYS[7] ~= '' and KEYS[7], KEYS[8]
-local pcnt, pin, pnum = KEYS[9], KEYS[10], KEYS[11]
+local pcnt, pin, pnum, ptake = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 """
     + _ARGS
@@ -109,14 +110,14 @@ take(eligible, picked)
 # on that proxy alone. Returns {'unbound'}, {'bound', proxy, penalty until or ''} (outside the pool or
 # penalised: nothing done), {'nocand'}, or ACQUIRE's answer.
 # KEYS: session hash, then ACQUIRE's first eight, the pool's set ('' when the pool is listed in ARGV), then
-#       the client's counts (pcnt, pin, pnum)
+#       the client's counts (pcnt, pin, pnum, ptake)
 # ARGV: ACQUIRE's up to the ids, then idle until, the session keys' lifetime (ms), client|session, the
 #       sessions-by-proxy key prefix, the pool's members (when listed)
 STICKY = (
     r"""
 local sess, hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local share_key, banby, pool_key = KEYS[8] ~= '' and KEYS[8], KEYS[9], KEYS[10] ~= '' and KEYS[10]
-local pcnt, pin, pnum = KEYS[11], KEYS[12], KEYS[13]
+local pcnt, pin, pnum, ptake = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 if pool_key and redis.call('EXISTS', pool_key) == 0 then return {'nocand'} end
 """
@@ -158,7 +159,7 @@ take(eligible, picked)
 )
 
 # KEYS: lease key; ARGV: now, cooldown, hold key prefix, skip key prefix, act key prefix, lease id, lease key
-#       prefix, pcnt key prefix, pin key prefix, pnum key prefix
+#       prefix, pcnt key prefix, pin key prefix, pnum key prefix, ptake key prefix
 RELEASE = (
     r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -173,7 +174,7 @@ if cur and tonumber(cur) == tonumber(f[6]) then
 end
 redis.call('HSET', KEYS[1], 'released', '1', 'expires', string.format('%.6f', now))
 local act, pcnt, pin, lease_prefix = ARGV[5] .. f[1], ARGV[8] .. f[1], ARGV[9] .. f[1], ARGV[7]
-local pnum = ARGV[10] .. f[1]
+local pnum, ptake = ARGV[10] .. f[1], ARGV[11] .. f[1]
 local function fmt(x) return string.format('%.6f', x) end
 """
     + COUNTS
@@ -187,7 +188,7 @@ return 'ok'
 )
 
 # KEYS: lease key; ARGV: now, ttl, cooldown, hold key prefix, grace, skip key prefix, used key prefix,
-#       act key prefix, lease id, pcnt key prefix, pin key prefix, pnum key prefix
+#       act key prefix, lease id, pcnt key prefix, pin key prefix, pnum key prefix, ptake key prefix
 # The lease ends at now + ttl; its hold follows when it is this lease's (or shorter), as in the memory store.
 RENEW = r"""
 local f = redis.call('HMGET', KEYS[1], 'client', 'target', 'proxy', 'handed', 'expires', 'hold', 'released')
@@ -214,8 +215,7 @@ redis.call('ZADD', act, 'XX', string.format('%.6f', untl), ARGV[9])
 local act_keep = math.floor((ttl + 60) * 1000)
 if redis.call('PTTL', act) < act_keep then
   redis.call('PEXPIRE', act, act_keep)
-  local counts = {ARGV[10] .. f[1], ARGV[11] .. f[1], ARGV[12] .. f[1]}  -- they expire with `act` (COUNTS)
-  for i = 1, 3 do redis.call('PEXPIRE', counts[i], act_keep) end
+  for i = 10, 13 do redis.call('PEXPIRE', ARGV[i] .. f[1], act_keep) end  -- the counts, as `act` (COUNTS)
 end
 local used_keep = math.floor((ttl + grace) * 1000)
 if redis.call('PTTL', used) < used_keep then redis.call('PEXPIRE', used, used_keep) end
@@ -299,13 +299,14 @@ return n
 # client at its share that holds few proxies gets them sorted; one that holds many (an eighth of the LRU or
 # more) walks the LRU for them, as the memory store does: neither reads its leases.
 # KEYS: hold zset, penalty zset, lru zset, used zset, candidate set, skip hash (target), act zset, rate key,
-#       share set ('' when the pool is the candidates), banned-by zset, the client's counts (pcnt, pin, pnum)
+#       share set ('' when the pool is the candidates), banned-by zset, the client's counts (pcnt, pin, pnum,
+#       ptake)
 # ARGV: as ACQUIRE's, without the candidates
 ACQUIRE_FROM_SET = (
     r"""
 local hold, pen, lru, used, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local act, ratekey, share_key, banby = KEYS[7], KEYS[8], KEYS[9] ~= '' and KEYS[9], KEYS[10]
-local pcnt, pin, pnum = KEYS[11], KEYS[12], KEYS[13]
+local pcnt, pin, pnum, ptake = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
 if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
 if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
 redis.call('PEXPIRE', cand, 600000)
@@ -337,6 +338,23 @@ local function kept_away()
   end
   return false
 end
+-- Where a walk for the proxies it holds starts: none is less recently used than the client's oldest take
+-- of one it still leases (`ptake`), or than the least recently used proxy it holds by a ban.
+local function held_from()
+  local from = nil
+  local first = redis.call('ZRANGE', ptake, 0, 0, 'WITHSCORES')
+  if #first > 0 then from = tonumber(first[2]) end
+  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf')
+  for s = 1, #bans, 1000 do
+    local l = redis.call('ZMSCORE', lru, unpack(bans, s, math.min(s + 999, #bans)))
+    for i = 1, #l do
+      local v = tonumber(l[i]) or -1
+      if from == nil or v < from then from = v end
+    end
+  end
+  if from == nil then return 0 end
+  return redis.call('ZCOUNT', lru, '-inf', '(' .. fmt(from))
+end
 local picked, earliest = {}, nil
 if full and held_now * 8 < redis.call('ZCARD', lru) then  -- few held: sort them, no walk
   local kept, seen = {}, {}
@@ -353,8 +371,8 @@ if full and held_now * 8 < redis.call('ZCARD', lru) then  -- few held: sort them
   eligible, earliest = judge(kept)
   take(eligible, picked)
 else
-local only_held = full  -- many held: the walk passes the others by
-local pos, run_until = 0, nil
+local only_held = full  -- many held: the walk passes the others by, from the least recently used of them
+local pos, run_until = only_held and held_from() or 0, nil
 local saved = (not (ignore_cd or full)) and redis.call('HGET', skips, client)
 if saved then
   local r = cjson.decode(saved)  -- {member, its score, eligible-from or '', candidate set}

@@ -7,17 +7,24 @@ from __future__ import annotations
 
 # The client's share counts (as the memory store's `MemoryHoldings` keeps them): `pcnt` (proxy -> the
 # client's running leases on it, one for each entry of `act` naming it), `pnum` (their sum: as many as `act`
-# has entries) and `pin` (a pool's set key -> how many proxies of `pcnt` are in that set, for the sets its
-# shares were counted over). Every change to `act` goes through them, so no request reads the client's
-# leases to count them (issue 20: at 30,000 leases that read cost 5 ms of Redis a lease). They live as long
-# as `act`. Expects `act`, `pcnt`, `pnum`, `pin`, `lease_prefix` and `fmt`.
+# has entries), `pin` (a pool's set key -> how many proxies of `pcnt` are in that set, for the sets its
+# shares were counted over) and `ptake` (proxy of `pcnt` -> when the client last took it: no proxy it
+# leases is less recently used than the least of these). Every change to `act` goes through them, so no
+# request reads the client's leases to count them (issue 20: at 30,000 leases that read cost 5 ms of Redis
+# a lease). They live as long as `act`. Expects `act`, `pcnt`, `pnum`, `pin`, `ptake`, `lease_prefix` and
+# `fmt`.
 COUNTS = r"""
 local PIN_SETS = 8  -- pools counted per client; past it the counts start again (a pass over `pcnt` each)
--- A lease of the client on `proxy` began (+1) or ended (-1); its first and last change the pools' counts.
-local function counted(proxy, change)
+-- A lease of the client on `proxy` began (+1, taken `at`: its LRU score) or ended (-1); its first and last
+-- change the pools' counts.
+local function counted(proxy, change, at)
   redis.call('INCRBY', pnum, change)
   local n = redis.call('HINCRBY', pcnt, proxy, change)
-  if n <= 0 then redis.call('HDEL', pcnt, proxy) end
+  if at then redis.call('ZADD', ptake, at, proxy) end
+  if n <= 0 then
+    redis.call('HDEL', pcnt, proxy)
+    redis.call('ZREM', ptake, proxy)
+  end
   if (change > 0 and n == 1) or (change < 0 and n <= 0) then
     local sets = redis.call('HKEYS', pin)
     for i = 1, #sets do
@@ -33,9 +40,9 @@ end
 local function keep_counts()
   local left = redis.call('PTTL', act)
   if left > 0 then
-    for _, key in ipairs({pcnt, pnum, pin}) do redis.call('PEXPIRE', key, left) end
+    for _, key in ipairs({pcnt, pnum, pin, ptake}) do redis.call('PEXPIRE', key, left) end
   else
-    redis.call('DEL', pcnt, pnum, pin)
+    redis.call('DEL', pcnt, pnum, pin, ptake)
   end
 end
 -- The leases that ended by `at` leave `act` and the counts: the cost is what ended, not what is held.
@@ -54,11 +61,16 @@ end
 -- as long as the client kept leasing. One pass over its leases, once; a lease with no hash leaves `act`.
 local function recount()
   if (tonumber(redis.call('GET', pnum)) or 0) == redis.call('ZCARD', act) then return end
-  redis.call('DEL', pcnt, pnum, pin)
+  redis.call('DEL', pcnt, pnum, pin, ptake)
   local ids = redis.call('ZRANGE', act, 0, -1)
   for i = 1, #ids do
-    local proxy = redis.call('HGET', lease_prefix .. ids[i], 'proxy')
-    if proxy then redis.call('HINCRBY', pcnt, proxy, 1) else redis.call('ZREM', act, ids[i]) end
+    local f = redis.call('HMGET', lease_prefix .. ids[i], 'proxy', 'handed')
+    if f[1] then
+      redis.call('HINCRBY', pcnt, f[1], 1)
+      redis.call('ZADD', ptake, 'GT', f[2] or '0', f[1])  -- its hand-out: no later than its LRU score
+    else
+      redis.call('ZREM', act, ids[i])
+    end
   end
   redis.call('SET', pnum, redis.call('ZCARD', act))
   keep_counts()

@@ -10,8 +10,9 @@ scripts' `act`; named `P:act:<client>` before the counts below, and renamed so t
 version never changes it without them during a rolling upgrade), `P:banby:<client>|<target>` zset proxy ->
 end of a penalty its report set for that target, the counts kept with `act` (redis_share_scripts.COUNTS):
 `P:pcnt:<client>` hash proxy -> its running leases there, `P:pnum:<client>` their sum, `P:pin:<client>` hash
-pool set -> the proxies of that set it leases; and `P:lrate:<client>` its rate bucket; for the report summary
-(report_summary.py), `P:rep:<proxy>` hash entry -> reports and `P:repat:<proxy>` zset entry -> latest report.
+pool set -> the proxies of that set it leases, `P:ptake:<client>` zset proxy it leases -> its last take;
+and `P:lrate:<client>` its rate bucket; for the report summary (report_summary.py), `P:rep:<proxy>` hash
+entry -> reports and `P:repat:<proxy>` zset entry -> latest report.
 Every key but `P:lru` carries a TTL.
 """
 
@@ -186,7 +187,7 @@ class RedisStore:
     def _count_keys(self, client: str) -> list[str]:
         """The client's share counts (redis_share_scripts.COUNTS): proxy -> its running leases there, and
         pool set -> the proxies of that set it leases."""
-        return [f"{self._p}:pcnt:{client}", f"{self._p}:pin:{client}", f"{self._p}:pnum:{client}"]
+        return [f"{self._p}:{name}:{client}" for name in ("pcnt", "pin", "pnum", "ptake")]
 
     def _keys(self, request: AcquireRequest) -> list[str]:
         hold = self._hold_key(request.client, request.target)
@@ -264,7 +265,8 @@ class RedisStore:
                     f"{self._p}:running:",
                     lease_id,
                 ),
-                *(f"{self._p}:lease:", f"{self._p}:pcnt:", f"{self._p}:pin:", f"{self._p}:pnum:"),
+                f"{self._p}:lease:",
+                *(f"{self._p}:{name}:" for name in ("pcnt", "pin", "pnum", "ptake")),
             ],
         )
         return await self.get_lease(lease_id, now=now) if out == "ok" else None
@@ -275,9 +277,7 @@ class RedisStore:
             f"{self._p}:used:",
             f"{self._p}:running:",
             lease_id,
-            f"{self._p}:pcnt:",
-            f"{self._p}:pin:",
-            f"{self._p}:pnum:",
+            *(f"{self._p}:{name}:" for name in ("pcnt", "pin", "pnum", "ptake")),
         ]
         out = await self._run(self._renew, keys=[f"{self._p}:lease:{lease_id}"], args=args)
         return await self.get_lease(lease_id, now=now) if out == "ok" else None

@@ -130,6 +130,12 @@ async def _counts_agree(redis: aioredis.Redis, prefix: str) -> None:
         counts = {p: int(n) for p, n in (await redis.hgetall(f"{prefix}:pcnt:{client}")).items()}
         assert counts == dict(expected), f"{client}: pcnt {counts} but act holds {dict(expected)}"
         assert int(await redis.get(f"{prefix}:pnum:{client}") or 0) == len(ids)
+        # each proxy it leases with its last take, none later than the proxy's place in the LRU
+        taken = dict(await redis.zrange(f"{prefix}:ptake:{client}", 0, -1, withscores=True))
+        assert set(taken) == set(counts)
+        if taken:
+            lru = await redis.zmscore(f"{prefix}:lru", list(taken))
+            assert all(at <= (score or 0) for at, score in zip(taken.values(), lru, strict=True))
         for pool, n in (await redis.hgetall(f"{prefix}:pin:{client}")).items():
             if await redis.exists(pool):
                 members = set(await redis.smembers(pool))
