@@ -176,6 +176,10 @@ async def _play(server: RedisServer, plan: list[tuple[str, dict[str, object]]]) 
     finally:
         for run in runs:
             await run.stores.store.close()
+            if run.stores.redis is not None:  # the session's redis-server: scans stay short for the next
+                keys = [key async for key in run.stores.redis.scan_iter(match=f"{run.stores.prefix}:*")]
+                if keys:
+                    await run.stores.redis.delete(*keys)
         for redis in clients:
             await redis.aclose()
 
