@@ -319,11 +319,11 @@ local count_key, pool_list = share_key or cand, {}
 -- Of `members`, which the client holds (is_mine for each, in a few calls).
 local function mine_of(members)
   local leased = redis.call('HMGET', pcnt, unpack(members))
-  local bans = redis.call('ZMSCORE', banby, unpack(members))
+  local bans = live_bans().ends
   local shared = share_key and redis.call('SMISMEMBER', share_key, unpack(members))
   local out = {}
   for i = 1, #members do
-    out[i] = (leased[i] ~= false or (tonumber(bans[i]) or 0) > now) and (not shared or shared[i] == 1)
+    out[i] = (leased[i] ~= false or bans[members[i]] ~= nil) and (not shared or shared[i] == 1)
   end
   return out
 end
@@ -344,7 +344,7 @@ local function held_from()
   local from = nil
   local first = redis.call('ZRANGE', ptake, 0, 0, 'WITHSCORES')
   if #first > 0 then from = tonumber(first[2]) end
-  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf')
+  local bans = live_bans().keys
   for s = 1, #bans, 1000 do
     local l = redis.call('ZMSCORE', lru, unpack(bans, s, math.min(s + 999, #bans)))
     for i = 1, #l do
@@ -359,7 +359,7 @@ local picked, earliest = {}, nil
 if full and held_now * 8 < redis.call('ZCARD', lru) then  -- few held: sort them, no walk
   local kept, seen = {}, {}
   local held = redis.call('HKEYS', pcnt)
-  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf')
+  local bans = live_bans().keys
   for i = 1, #bans do held[#held + 1] = bans[i] end
   for i = 1, #held do
     local key = held[i]

@@ -90,11 +90,24 @@ local function in_share(proxy)
   if share_key then return redis.call('SISMEMBER', share_key, proxy) == 1 end
   return in_cand(proxy)
 end
+-- The running penalties the client's reports set for this target, read once a request (no script sets one):
+-- {keys = the proxies, ends = proxy -> end}.
+local bans_now = nil
+local function live_bans()
+  if bans_now == nil then
+    bans_now = {keys = {}, ends = {}}
+    local r = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf', 'WITHSCORES')
+    for i = 1, #r, 2 do
+      bans_now.keys[#bans_now.keys + 1] = r[i]
+      bans_now.ends[r[i]] = tonumber(r[i + 1])
+    end
+  end
+  return bans_now
+end
 -- Held, for this request: a lease on it (for any target), or a running penalty its report set for this one.
 local function holds(proxy)
   if redis.call('HEXISTS', pcnt, proxy) == 1 then return true end
-  local b = tonumber(redis.call('ZSCORE', banby, proxy))
-  return b ~= nil and b > now
+  return live_bans().ends[proxy] ~= nil
 end
 local function is_mine(proxy) return in_share(proxy) and holds(proxy) end
 -- How many proxies of the pool it holds by a lease: kept in `pin` for a pool's set (counted from `pcnt`
@@ -138,7 +151,7 @@ if holding then
 end
 if holding then
   held_now = leased_in_pool()
-  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf')
+  local bans = live_bans().keys
   for i = 1, #bans do
     if redis.call('HEXISTS', pcnt, bans[i]) == 0 and in_share(bans[i]) then held_now = held_now + 1 end
   end
@@ -189,9 +202,7 @@ local function share_taken(earliest)
       if ends[proxy] == nil or ends[proxy] < e then ends[proxy] = e end
     end
   end
-  local bans = redis.call('ZRANGEBYSCORE', banby, '(' .. fmt(now), '+inf', 'WITHSCORES')
-  for i = 1, #bans, 2 do
-    local proxy, e = bans[i], tonumber(bans[i + 1])
+  for proxy, e in pairs(live_bans().ends) do
     if in_share(proxy) and (ends[proxy] == nil or ends[proxy] < e) then ends[proxy] = e end
   end
   local untl = nil
