@@ -19,12 +19,10 @@ rules in Lua; tests/service/test_store_conformance.py holds both stores to one b
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Collection
 
 EPSILON = 1e-9  # a float tolerance so that exactly `burst` hand-outs fit
-COMPACT_SLACK = 64  # a client's heap of ends is rebuilt once it holds twice its leases and this many more
 
 
 def holding_limit(share: float, pool_size: int) -> int:
@@ -46,19 +44,14 @@ def charged(tat: float, *, now: float, rate: float, count: int) -> float:
 
 
 class MemoryHoldings:
-    """Per client, its active leases (lease id -> proxy, end) and its rate bucket.
-
-    Beside the leases: how many of them each proxy has (so the number of distinct proxies a client holds is
-    a `len`) and a heap of their ends (so expiry costs what expires, not every lease the client has). A
-    released lease is dropped at once; the ends it and renewed ones leave in the heap are skipped when
-    popped, and the heap is rebuilt once they are most of it: at 500 leases/s with every other released
-    after 5 s, the heaps held 75,000 ends for about 46,000 leases, most of them released and waiting for
-    the next expiry pass (tests/bench/bench_lease_memory.py)."""
+    """Per client, how many of its running leases each proxy has (so the number of distinct proxies a client
+    holds is a `len`), the penalties its reports set, and its rate bucket. The leases themselves, and when
+    each ends, are the memory store's `LeaseTable` (lease_table.py): it reports each lease that starts
+    (`took`) and ends (`ended`, once it is noticed: the store has it notice every end up to a request's
+    `now` before the request counts anything here)."""
 
     def __init__(self) -> None:
-        self._active: dict[str, dict[str, tuple[str, float]]] = {}
-        self._per_proxy: dict[str, dict[str, int]] = {}  # client -> proxy -> its leases in _active
-        self._ends: dict[str, list[tuple[float, str]]] = {}  # client -> heap of (end, lease id)
+        self._per_proxy: dict[str, dict[str, int]] = {}  # client -> proxy -> its running leases
         # (client, target) -> proxy -> end of the penalty the client's report set for that target
         self._banned: dict[tuple[str, str], dict[str, float]] = {}
         self._tat: dict[str, float] = {}
@@ -67,14 +60,13 @@ class MemoryHoldings:
         # filter while the inventory stands), and each lease that starts or ends keeps the count
         self._in_pool: dict[str, tuple[Collection[str], int]] = {}
 
-    def held(self, client: str, *, target: str, pool: Collection[str], now: float) -> dict[str, float]:
+    def held(
+        self, client: str, *, target: str, pool: Collection[str], now: float, ends: dict[str, float]
+    ) -> dict[str, float]:
         """The proxies of `pool` the client holds now for a request for `target` (a lease, for any target, or
-        a running penalty its report set for this target), each with when it stops holding it."""
-        self._expire(client, now=now)
-        mine: dict[str, float] = {}
-        for proxy, end in self._active.get(client, {}).values():
-            if proxy in pool:
-                mine[proxy] = max(mine.get(proxy, 0.0), end)
+        a running penalty its report set for this target), each with when it stops holding it; `ends` is
+        proxy -> the latest end of its running leases there (`LeaseTable.ends_of`)."""
+        mine = {proxy: end for proxy, end in ends.items() if proxy in pool}
         for proxy, end in self._banned.get((client, target), {}).items():
             if end > now and proxy in pool:
                 mine[proxy] = max(mine.get(proxy, 0.0), end)
@@ -85,7 +77,6 @@ class MemoryHoldings:
         client's distinct proxies cost, not what all its leases do (a client leasing 500/s with 60 s leases
         has 30,000; `held` walked them all on every request, half the service's CPU in the
         10,000-running-proxies bench)."""
-        self._expire(client, now=now)
         mine = self._per_proxy.get(client, {}).keys() & pool
         for proxy, end in self._banned.get((client, target), {}).items():
             if end > now and proxy in pool:
@@ -95,7 +86,6 @@ class MemoryHoldings:
     def held_count(self, client: str, *, target: str, pool: Collection[str], now: float) -> int:
         """`len(held_keys(...))`, without a pass over the client's proxies when it asked about this pool
         before (at 10,000 proxies a client holding them all paid a millisecond a lease for the set)."""
-        self._expire(client, now=now)
         counts = self._per_proxy.get(client, {})
         cached = self._in_pool.get(client)
         if cached is None or cached[0] is not pool:
@@ -108,7 +98,7 @@ class MemoryHoldings:
         return held
 
     def holds(self, client: str, *, target: str, proxy: str, now: float) -> bool:
-        """Whether `held` lists `proxy`, the pool aside (after `held_count`, which expired what ended)."""
+        """Whether `held` lists `proxy`, the pool aside."""
         if proxy in self._per_proxy.get(client, ()):
             return True
         return self._banned.get((client, target), {}).get(proxy, 0.0) > now
@@ -119,10 +109,9 @@ class MemoryHoldings:
         if cached is not None and proxy in cached[0]:
             self._in_pool[client] = (cached[0], cached[1] + change)
 
-    def most_held(self, client: str, *, target: str, now: float) -> int:
+    def most_held(self, client: str, *, target: str) -> int:
         """At least as many as `held` would return for any pool (every proxy with a lease, every ban for
         `target`, running or not): a client this far under its limit cannot reach it with one request."""
-        self._expire(client, now=now)
         return len(self._per_proxy.get(client, ())) + len(self._banned.get((client, target), ()))
 
     def banned(self, client: str, *, target: str, proxy: str, until: float) -> None:
@@ -130,53 +119,33 @@ class MemoryHoldings:
         bans = self._banned.setdefault((client, target), {})
         bans[proxy] = max(bans.get(proxy, 0.0), until)
 
-    def active(self, client: str, *, now: float) -> list[str]:
-        """The ids of the client's leases that run now."""
-        return [lid for lid, (_, end) in self._active.get(client, {}).items() if end > now]
-
     def bucket(self, client: str) -> float:
         return self._tat.get(client, 0.0)
 
-    def took(
-        self, client: str, lease_id: str, *, proxy: str, end: float, tat: float | None, now: float
-    ) -> None:
-        """A lease handed out at `now`; the client's leases that ended by then are dropped first (a request
-        with no share counts nothing, and the sweep comes once a minute)."""
-        self._expire(client, now=now)
-        self._active.setdefault(client, {})[lease_id] = (proxy, end)
+    def took(self, client: str, *, proxy: str, tat: float | None) -> None:
+        """A lease on `proxy` started (and the client's bucket is at `tat` after it, when it has one)."""
         counts = self._per_proxy.setdefault(client, {})
         before = counts.get(proxy, 0)
         counts[proxy] = before + 1
         if not before:
             self._counted(client, proxy, +1)
-        heapq.heappush(self._ends.setdefault(client, []), (end, lease_id))
         if tat is not None:
             self._tat[client] = tat
 
-    def moved(self, client: str, lease_id: str, *, end: float) -> None:
-        """A lease renewed (to `end`)."""
-        leases = self._active.get(client, {})
-        entry = leases.get(lease_id)
-        if entry is not None:
-            leases[lease_id] = (entry[0], end)
-            heapq.heappush(self._ends[client], (end, lease_id))  # its earlier end, popped, finds it moved
-            self._compact(client)
-
-    def released(self, client: str, lease_id: str) -> None:
-        """A lease released: it holds nothing from now on. Its ends in the heap are skipped when popped."""
-        leases = self._active.get(client)
-        entry = leases.pop(lease_id, None) if leases is not None else None
-        if entry is None:
+    def ended(self, client: str, proxy: str) -> None:
+        """A running lease on `proxy` ended (expired or released): it holds nothing from now on."""
+        counts = self._per_proxy[client]
+        left = counts[proxy] - 1
+        if left:
+            counts[proxy] = left
             return
-        self._uncount(client, entry[0])
-        if leases:
-            self._compact(client)
-        else:
-            self._drop(client)
+        del counts[proxy]
+        self._counted(client, proxy, -1)
+        if not counts:
+            del self._per_proxy[client]
+            self._in_pool.pop(client, None)
 
     def sweep(self, *, now: float) -> None:
-        for client in list(self._active):
-            self._expire(client, now=now)
         for pair, bans in list(self._banned.items()):
             for proxy in [p for p, end in bans.items() if end <= now]:
                 del bans[proxy]
@@ -187,40 +156,3 @@ class MemoryHoldings:
         # each count pins the pool it was taken for; pools change with the inventory, and an idle client's
         # would stay: counted again by the next request instead (one pass over its proxies a minute)
         self._in_pool.clear()
-
-    def _expire(self, client: str, *, now: float) -> None:
-        """Drop the client's leases that ended by `now` (each has an entry at its current end in the heap)."""
-        ends = self._ends.get(client)
-        if not ends or ends[0][0] > now:
-            return
-        leases = self._active[client]
-        while ends and ends[0][0] <= now:
-            lease_id = heapq.heappop(ends)[1]
-            entry = leases.get(lease_id)
-            if entry is not None and entry[1] <= now:
-                del leases[lease_id]
-                self._uncount(client, entry[0])
-        if not leases:
-            self._drop(client)
-
-    def _uncount(self, client: str, proxy: str) -> None:
-        counts = self._per_proxy[client]
-        left = counts[proxy] - 1
-        if left:
-            counts[proxy] = left
-        else:
-            del counts[proxy]
-            self._counted(client, proxy, -1)
-
-    def _drop(self, client: str) -> None:
-        """The client has no lease left."""
-        del self._active[client], self._per_proxy[client], self._ends[client]
-        self._in_pool.pop(client, None)
-
-    def _compact(self, client: str) -> None:
-        """Rebuild the client's heap from its leases' current ends once it is mostly ends that moved (each
-        renewal leaves its lease's earlier end there until that time comes)."""
-        leases, ends = self._active[client], self._ends[client]
-        if len(ends) > 2 * len(leases) + COMPACT_SLACK:
-            ends[:] = [(end, lease_id) for lease_id, (_, end) in leases.items()]
-            heapq.heapify(ends)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
 from service.discovery.handout_order import HandOutOrder
-from service.discovery.lease_book import BANNED, ENDED_KEPT, LEASE_GRACE, LeaseBook, keep
+from service.discovery.lease_table import ENDED_KEPT, LEASE_GRACE, LeaseTable
 from service.discovery.report_book import ReportBook
 from service.discovery.report_summary import ReportEntry, ReportSummaries
 from service.discovery.store import (
@@ -56,7 +56,7 @@ class _Resume:
 class MemoryStore:
     def __init__(self, *, ended_kept: int = ENDED_KEPT, report_keep: float = LEASE_GRACE) -> None:
         """`ended_kept`: at most this many ended leases are kept for late reports (the oldest ended go
-        first), each for at most LEASE_GRACE seconds; running leases are always kept (lease_book.py).
+        first), each for at most LEASE_GRACE seconds; running leases are always kept (lease_table.py).
         `report_keep`: how long who held which proxy and the `error` votes are kept (the longest window a
         report looks back: each (client, proxy) pair a lease ended on is one entry)."""
         self._lock = threading.Lock()
@@ -65,14 +65,14 @@ class MemoryStore:
         self._forgiven: dict[str, int] = {}  # target -> good reports that removed a penalty
         self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
         self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
-        self._leases = LeaseBook(ended_kept=ended_kept)
+        self._holdings = MemoryHoldings()
+        self._leases = LeaseTable(ended_kept=ended_kept, on_end=self._holdings.ended)
         self._report_keep = report_keep
         self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
         self._last_candidates: Collection[str] | None = None
         self._next_sweep = 0.0
         self._reports = ReportBook()
         self._summaries = ReportSummaries()
-        self._holdings = MemoryHoldings()
 
     async def acquire(self, request: AcquireRequest, *, now: float) -> Acquired:
         with self._lock:
@@ -81,6 +81,10 @@ class MemoryStore:
             return self._acquire(request, now)
 
     def _acquire(self, request: AcquireRequest, now: float) -> Acquired:
+        self._leases.expire(
+            now
+        )  # what the client holds is counted from here on: every lease ended by now ends
+        self._leases.forget(now)
         pair = (request.client, request.target)
         held = self._hold.setdefault(pair, {})
         penalised = self._penalty.get(request.target, {})
@@ -147,7 +151,9 @@ class MemoryStore:
         limited = None
         if not leases and full and self._kept_away(request, candidates, pool, only_held=only_held, now=now):
             # when it holds each (every lease's end): counted only for the answer that it must wait
-            ends = holdings.held(client, target=target, pool=pool, now=now)
+            ends = holdings.held(
+                client, target=target, pool=pool, now=now, ends=self._leases.ends_of(client, now=now)
+            )
             until = min(ends.values())
             limited = Limited("lease_share", min(until, earliest) if earliest is not None else until)
         return Acquired(leases=leases, earliest=earliest, limited=limited)
@@ -174,7 +180,7 @@ class MemoryStore:
         """Can this request not reach the client's holding limit, however it goes? Then no limit applies to
         it, and its holdings need not be counted (a client that never releases holds thousands)."""
         assert share.holding is not None
-        most = self._holdings.most_held(request.client, target=request.target, now=now)
+        most = self._holdings.most_held(request.client, target=request.target)
         return most + count <= share.holding
 
     def _hand_out(
@@ -192,9 +198,7 @@ class MemoryStore:
             until = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
             held[lease.proxy] = max(held.get(lease.proxy, 0.0), until)  # a sticky re-use never lowers it
             self._reports.held(client=lease.client, proxy=lease.proxy, until=lease.expires_at)
-            self._holdings.took(
-                lease.client, lease.lease_id, proxy=lease.proxy, end=lease.expires_at, tat=tat, now=now
-            )
+            self._holdings.took(lease.client, proxy=lease.proxy, tat=tat)
             self._lru.touch(lease.proxy)
         return leases
 
@@ -234,7 +238,7 @@ class MemoryStore:
             handed_at=now,
             expires_at=now + request.ttl,
         )
-        self._leases.taken(lease, now=now)
+        self._leases.taken(lease)
         return lease
 
     def _order(self, candidates: Collection[str], *, walk: bool, start: int) -> Iterable[tuple[int, str]]:
@@ -267,10 +271,8 @@ class MemoryStore:
             if held.get(lease.proxy) == lease.expires_at:
                 held[lease.proxy] = max(lease.handed_at + cooldown, now)
                 self._resume.pop((lease.client, lease.target), None)
-            released = LeaseRecord(**{**lease.__dict__, "expires_at": now, "released": True})
-            self._leases.released(released)
-            self._holdings.released(lease.client, lease_id)
-            return released
+            self._leases.released(lease_id, now=now)
+            return replace(lease, expires_at=now, released=True)
 
     async def renew(self, lease_id: str, *, now: float, ttl: float, cooldown: float) -> LeaseRecord | None:
         with self._lock:
@@ -283,11 +285,9 @@ class MemoryStore:
             if current == lease.expires_at or current < until:  # the hold is this lease's (or shorter)
                 held[lease.proxy] = max(lease.handed_at + cooldown, until)
                 self._resume.pop((lease.client, lease.target), None)
-            renewed = LeaseRecord(**{**lease.__dict__, "expires_at": until})
             self._reports.held(client=lease.client, proxy=lease.proxy, until=until)
-            self._leases.put(lease_id, keep(renewed))
-            self._holdings.moved(lease.client, lease_id, end=until)
-            return renewed
+            self._leases.renewed(lease_id, until=until)
+            return replace(lease, expires_at=until)
 
     async def penalise(
         self,
@@ -303,11 +303,9 @@ class MemoryStore:
         with self._lock:
             reporter = None
             if lease_id is not None:
-                kept = self._leases.get(lease_id)
-                if kept is None or kept[BANNED]:
+                reporter = self._leases.mark_banned(lease_id)
+                if reporter is None:
                     return None  # counted once already (a retried report), or gone
-                self._leases.put(lease_id, (*kept[:BANNED], True))
-                reporter = kept[0]
             per_target = self._penalty.setdefault(target, {})
             until, strikes = per_target.get(proxy, (0.0, 0))
             until = max(until, now + fraction * min(cap, base * 2 ** min(strikes, 40)))
@@ -386,7 +384,7 @@ class MemoryStore:
 
     async def active_leases(self, client: str, *, now: float) -> list[LeaseRecord]:
         with self._lock:
-            found = [self._get(lease_id) for lease_id in self._holdings.active(client, now=now)]
+            found = [self._get(lease_id) for lease_id in self._leases.active(client, now=now)]
         return [lease for lease in found if lease is not None and not lease.released]
 
     def kept_leases(self, *, now: float) -> tuple[int, int]:

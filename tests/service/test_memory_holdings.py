@@ -1,7 +1,8 @@
-"""service/discovery/fair_share.py MemoryHoldings: what a lease request counts (`held_count`, kept counted
-per pool as leases start and end; `holds`; `held_keys`) always agrees with `held` (what a 429's Retry-After
-counts, from every lease), whatever the leases, releases, renewals, bans and pools asked about; and a
-lease released holds nothing from then on."""
+"""service/discovery/fair_share.py MemoryHoldings, kept by lease_table.py LeaseTable: what a lease request
+counts (`held_count`, kept counted per pool as leases start and end; `holds`; `held_keys`) always agrees
+with `held` (what a 429's Retry-After counts, from every running lease's end), whatever the leases,
+releases, renewals, bans and pools asked about; a lease released holds nothing from then on; and renewals
+and releases leave no pile of stale entries behind."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.discovery.fair_share import MemoryHoldings
+from service.discovery.lease_table import CLIENT_SLACK, HEAP_SLACK, LeaseTable
+from service.discovery.store import LeaseRecord
 
 PROXIES = [f"p{i}" for i in range(6)]
 TARGETS = ["t1", "t2"]
@@ -23,6 +26,23 @@ step = st.one_of(
 )
 
 
+def kept(ended_kept: int = 20_000) -> tuple[MemoryHoldings, LeaseTable]:
+    holdings = MemoryHoldings()
+    return holdings, LeaseTable(ended_kept=ended_kept, on_end=holdings.ended)
+
+
+def took(
+    holdings: MemoryHoldings, table: LeaseTable, lease_id: str, *, proxy: str, now: float, end: float
+) -> None:
+    table.taken(LeaseRecord(lease_id, "c", "t1", proxy, now, end))
+    holdings.took("c", proxy=proxy, tat=None)
+
+
+def running(table: LeaseTable, lease_id: str, now: float) -> bool:
+    record = table.record(lease_id)
+    return record is not None and not record.released and record.expires_at > now
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     steps=st.lists(step, max_size=40),
@@ -32,40 +52,59 @@ step = st.one_of(
 def test_what_a_request_counts_is_what_held_lists(
     steps: list[tuple[str, object, float]], pools: list[frozenset[str]], target: str
 ) -> None:
-    holdings, now, issued = MemoryHoldings(), 0.0, 0
+    (holdings, table), now, issued = kept(ended_kept=3), 0.0, 0
     for kind, what, value in steps:
         if kind == "took":
-            holdings.took("c", f"l{issued}", proxy=str(what), end=now + value, tat=None, now=now)
+            took(holdings, table, f"l{issued}", proxy=str(what), now=now, end=now + value)
             issued += 1
         elif kind == "moved" and issued:
-            holdings.moved("c", f"l{int(str(what)) % issued}", end=now + value / 10)
+            lease_id = f"l{int(str(what)) % issued}"
+            if running(table, lease_id, now):  # as the store renews: a running lease only
+                table.renewed(lease_id, until=now + value / 10)
         elif kind == "released" and issued:
-            holdings.released("c", f"l{int(str(what)) % issued}")
+            lease_id = f"l{int(str(what)) % issued}"
+            if running(table, lease_id, now):
+                table.released(lease_id, now=now)
         elif kind == "banned":
             holdings.banned("c", target=target, proxy=str(what), until=now + value)
         elif kind == "sweep":
             holdings.sweep(now=now)
+            table.sweep(now)
         else:
             now += value
+        table.expire(now)  # as the store does before a request counts
         pool = pools[len(str(what)) % len(pools)]  # the pool asked about changes now and then
-        listed = set(holdings.held("c", target=target, pool=pool, now=now))
+        listed = set(holdings.held("c", target=target, pool=pool, now=now, ends=table.ends_of("c", now=now)))
         assert holdings.held_count("c", target=target, pool=pool, now=now) == len(listed)
         assert holdings.held_keys("c", target=target, pool=pool, now=now) == listed
         assert {p for p in pool if holdings.holds("c", target=target, proxy=p, now=now)} == listed
         if kind == "released" and issued:
             gone = f"l{int(str(what)) % issued}"
-            assert gone not in holdings.active("c", now=now)
+            assert gone not in table.active("c", now=now)
+        model = {f"l{n}" for n in range(issued) if running(table, f"l{n}", now)}
+        assert set(table.active("c", now=now)) == model
 
 
-def test_a_released_lease_stops_counting_at_once_and_its_ends_do_not_pile_up() -> None:
-    """Released leases leave the counts when released, not at the next expiry pass; the ends they leave in
-    the heap are dropped once they are most of it (a client releasing every lease early kept them all)."""
-    holdings, pool = MemoryHoldings(), frozenset(PROXIES)
-    for n in range(200):
-        holdings.took("c", f"l{n}", proxy=PROXIES[n % 2], end=1000.0 + n, tat=None, now=float(n))
+def test_a_released_lease_stops_counting_at_once_and_stale_entries_do_not_pile_up() -> None:
+    """Released leases leave the counts when released, not at the next expiry pass; the heap entries that
+    renewals leave behind and the client's list of slots are rebuilt once stale entries are most of them (a
+    client releasing every lease early, or renewing one lease all day, kept them all)."""
+    (holdings, table), pool = kept(), frozenset(PROXIES)
+    for n in range(2000):
+        took(holdings, table, f"l{n}", proxy=PROXIES[n % 2], now=float(n), end=10_000.0 + n)
         if n % 10:  # nine in ten released: the ones kept are all on PROXIES[0]
-            holdings.released("c", f"l{n}")
-    assert holdings.held_keys("c", target="t1", pool=pool, now=200.0) == {PROXIES[0]}
-    assert holdings.held_count("c", target="t1", pool=pool, now=200.0) == 1
-    assert len(holdings.active("c", now=200.0)) == 20
-    assert len(holdings._ends["c"]) <= 2 * 20 + 64
+            table.released(f"l{n}", now=float(n))
+    table.expire(2000.0)
+    assert holdings.held_keys("c", target="t1", pool=pool, now=2000.0) == {PROXIES[0]}
+    assert holdings.held_count("c", target="t1", pool=pool, now=2000.0) == 1
+    assert len(table.active("c", now=2000.0)) == 200
+    assert len(table._of_client["c"]) <= 2 * 200 + CLIENT_SLACK
+    for n in range(5000):
+        table.renewed("l0", until=10_000.0 + n)
+    assert len(table._heap) <= 2 * 200 + HEAP_SLACK
+    table.expire(10_000.0 + 4998.5)  # every lease but "l0" ended (it runs to its latest renewal)
+    assert table.active("c", now=10_000.0 + 4998.5) == ["l0"]
+    assert holdings.held_keys("c", target="t1", pool=pool, now=10_000.0 + 4998.5) == {PROXIES[0]}
+    table.expire(10_000.0 + 4999)
+    assert table.active("c", now=10_000.0 + 4999) == []
+    assert holdings.held_count("c", target="t1", pool=pool, now=10_000.0 + 4999) == 0

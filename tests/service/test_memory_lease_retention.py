@@ -1,4 +1,4 @@
-"""service/discovery/memory.py and lease_book.py: what the memory store keeps of leases, and for how long
+"""service/discovery/memory.py and lease_table.py: what the memory store keeps of leases, and for how long
 (issue 20).
 
 A running lease is always kept. An ended one (expired or released) is kept for late reports by lease id
@@ -14,7 +14,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.discovery.lease_book import LEASE_GRACE
+from service.discovery.lease_table import LEASE_GRACE
 from service.discovery.memory import SWEEP_EVERY, MemoryStore
 from service.discovery.store import AcquireRequest, LeaseRecord
 

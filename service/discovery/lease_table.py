@@ -1,0 +1,233 @@
+"""The memory store's leases, in columns: every running lease, and the latest ended ones for late reports.
+
+A lease is kept while it runs. Once ended (expired or released) it is kept for reports by lease id for at
+most LEASE_GRACE seconds and only while it is among the latest `ended_kept` to end: kept for the hour
+alone, 500 leases a second were 1.8 million records (tests/bench/bench_lease_memory.py).
+
+Each lease is a slot: its fields sit in one list or array per field, and its id maps to its slot. At 500
+leases a second with 60-s leases a replica keeps about 30,000 running leases and 20,000 ended ones; as a
+tuple per lease, with its own floats, a dict entry per client and a heap entry, each cost about 620 bytes
+(31 MiB, a quarter of the leader's 128 MiB goal). Here a lease costs its id (81 bytes, the string the
+service made), the id's dict entry and slot number, 49 bytes of columns and, while it runs, one int in the
+heap of ends and one slot number in its client's list: about 250 bytes. A slot is reused once its lease
+is forgotten; the columns keep their largest size, as a dict does.
+
+Ends are exact: a heap of ints, each a lease's end in microseconds shifted left by SLOT_BITS with the
+slot in the low bits (one int, not a tuple of a float and an int); an entry whose slot no longer runs, or
+runs to another end (renewed), is skipped when it comes up, and the heap is rebuilt from the running
+leases once such entries are most of it. Whoever keeps counts of running leases learns of each end
+(`on_end(client, proxy)`) when it is noticed: `expire(now)` notices every lease ended by `now`, in end
+order, at a cost of what ended. Not locked: the memory store calls it under its own lock.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterator
+
+from service.discovery.store import LeaseRecord
+
+LEASE_GRACE = 3600.0  # an ended lease is kept for late reports at most this long
+ENDED_KEPT = 20_000  # and only while it is among this many latest ended
+SLOT_BITS = 32  # a heap entry's low bits: the slot (4 billion leases kept at once is far past any replica)
+SLOT_MASK = (1 << SLOT_BITS) - 1
+HEAP_SLACK = 1024  # stale heap entries allowed beyond one per running lease before a rebuild
+CLIENT_SLACK = 64  # and slots in a client's list beyond twice its running leases
+
+# a slot's state
+FREE, RUNNING, ENDED = 0, 1, 2
+STATE = 3
+RELEASED, BANNED = 4, 8  # flags beside the state
+
+
+def _micros(at: float) -> int:
+    return round(at * 1_000_000)
+
+
+class LeaseTable:
+    def __init__(self, *, ended_kept: int = ENDED_KEPT, on_end: Callable[[str, str], None]) -> None:
+        self.ended_kept = ended_kept
+        self._on_end = on_end
+        self._slot: dict[str, int] = {}  # lease id -> slot
+        self._id: list[str | None] = []
+        self._client: list[str] = []
+        self._target: list[str] = []
+        self._proxy: list[str] = []
+        self._handed = array("d")
+        self._expires = array("d")
+        self._state = bytearray()
+        self._free: list[int] = []
+        self._heap: list[int] = []  # (end in microseconds << SLOT_BITS) | slot, for running leases
+        self._running = 0
+        self._of_client: dict[str, array[int]] = {}  # client -> its running slots (and some stale ones)
+        self._running_of: dict[str, int] = {}  # client -> how many of its leases run
+        self._ended: deque[int] = deque()  # ended slots, in the order their end was noticed
+
+    # --- reading
+
+    def record(self, lease_id: str) -> LeaseRecord | None:
+        slot = self._slot.get(lease_id)
+        if slot is None:
+            return None
+        state = self._state[slot]
+        return LeaseRecord(
+            lease_id,
+            self._client[slot],
+            self._target[slot],
+            self._proxy[slot],
+            self._handed[slot],
+            self._expires[slot],
+            bool(state & RELEASED),
+            bool(state & BANNED),
+        )
+
+    def active(self, client: str, *, now: float) -> list[str]:
+        """The ids of the client's leases that run at `now`."""
+        return [self._id[slot] for slot in self._running_slots(client) if self._expires[slot] > now]  # type: ignore[misc]
+
+    def ends_of(self, client: str, *, now: float) -> dict[str, float]:
+        """proxy -> the latest end of the client's leases on it that run at `now`."""
+        ends: dict[str, float] = {}
+        for slot in self._running_slots(client):
+            end = self._expires[slot]
+            if end > now:
+                proxy = self._proxy[slot]
+                ends[proxy] = max(ends.get(proxy, 0.0), end)
+        return ends
+
+    def counts(self, *, now: float) -> tuple[int, int]:
+        """(leases running at `now`, ended leases still kept)."""
+        state, expires = self._state, self._expires
+        running = sum(
+            1 for slot in self._slot.values() if state[slot] & STATE == RUNNING and expires[slot] > now
+        )
+        return running, len(self._slot) - running
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    # --- changes
+
+    def taken(self, lease: LeaseRecord) -> None:
+        """A new lease (running). Its id must be new."""
+        slot = self._free.pop() if self._free else self._grow()
+        self._slot[lease.lease_id] = slot
+        self._id[slot] = lease.lease_id
+        self._client[slot] = lease.client
+        self._target[slot] = lease.target
+        self._proxy[slot] = lease.proxy
+        self._handed[slot] = lease.handed_at
+        self._expires[slot] = lease.expires_at
+        self._state[slot] = RUNNING
+        heapq.heappush(self._heap, (_micros(lease.expires_at) << SLOT_BITS) | slot)
+        self._running += 1
+        slots = self._of_client.get(lease.client)
+        if slots is None:
+            slots = self._of_client[lease.client] = array("q")
+        slots.append(slot)
+        self._running_of[lease.client] = self._running_of.get(lease.client, 0) + 1
+
+    def released(self, lease_id: str, *, now: float) -> None:
+        """A running lease released at `now`: ended from now on."""
+        slot = self._slot[lease_id]
+        self._expires[slot] = now
+        self._state[slot] |= RELEASED
+        self._end(slot)
+
+    def renewed(self, lease_id: str, *, until: float) -> None:
+        """A running lease now ends at `until`."""
+        slot = self._slot[lease_id]
+        self._expires[slot] = until
+        heapq.heappush(self._heap, (_micros(until) << SLOT_BITS) | slot)
+        if len(self._heap) > 2 * self._running + HEAP_SLACK:
+            self._rebuild_heap()
+
+    def mark_banned(self, lease_id: str) -> str | None:
+        """Count a `banned` report on the lease once: its client, or None when it is gone or was counted."""
+        slot = self._slot.get(lease_id)
+        if slot is None or self._state[slot] & BANNED:
+            return None
+        self._state[slot] |= BANNED
+        return self._client[slot]
+
+    def expire(self, now: float) -> None:
+        """Notice every running lease that ended by `now` (its end is then reported to `on_end`)."""
+        heap, state, expires = self._heap, self._state, self._expires
+        limit = _micros(now)
+        while heap and heap[0] >> SLOT_BITS <= limit:
+            key = heap[0]
+            slot = key & SLOT_MASK
+            if state[slot] & STATE == RUNNING and _micros(expires[slot]) == key >> SLOT_BITS:
+                if expires[slot] > now:  # within the microsecond rounded to `now`
+                    break
+                heapq.heappop(heap)
+                self._end(slot)
+            else:  # a lease renewed since, or one that ended otherwise (released)
+                heapq.heappop(heap)
+
+    def forget(self, now: float) -> None:
+        """Forget ended leases past the bound or ended over LEASE_GRACE ago (the oldest ended first)."""
+        ended, expires = self._ended, self._expires
+        while ended and (len(ended) > self.ended_kept or expires[ended[0]] + LEASE_GRACE <= now):
+            self._free_slot(ended.popleft())
+
+    def sweep(self, now: float) -> None:
+        self.expire(now)
+        self.forget(now)
+
+    # --- inside
+
+    def _end(self, slot: int) -> None:
+        self._state[slot] = (self._state[slot] & ~STATE) | ENDED
+        self._running -= 1
+        client = self._client[slot]
+        left = self._running_of[client] - 1
+        if left:
+            self._running_of[client] = left
+            slots = self._of_client[client]
+            if len(slots) > 2 * left + CLIENT_SLACK:
+                self._of_client[client] = array("q", self._running_slots(client))
+        else:
+            del self._running_of[client], self._of_client[client]
+        self._ended.append(slot)
+        self._on_end(client, self._proxy[slot])
+
+    def _running_slots(self, client: str) -> Iterator[int]:
+        """The client's running slots, once each (its list keeps slots that ended, or were reused since)."""
+        state, owner = self._state, self._client
+        seen: set[int] = set()
+        for slot in self._of_client.get(client, ()):
+            if state[slot] & STATE == RUNNING and owner[slot] == client and slot not in seen:
+                seen.add(slot)
+                yield slot
+
+    def _rebuild_heap(self) -> None:
+        state, expires = self._state, self._expires
+        self._heap = [
+            (_micros(expires[slot]) << SLOT_BITS) | slot
+            for slot in self._slot.values()
+            if state[slot] & STATE == RUNNING
+        ]
+        heapq.heapify(self._heap)
+
+    def _grow(self) -> int:
+        slot = len(self._state)
+        self._id.append(None)
+        self._client.append("")
+        self._target.append("")
+        self._proxy.append("")
+        self._handed.append(0.0)
+        self._expires.append(0.0)
+        self._state.append(FREE)
+        return slot
+
+    def _free_slot(self, slot: int) -> None:
+        lease_id = self._id[slot]
+        if lease_id is not None:
+            del self._slot[lease_id]
+        self._id[slot] = None
+        self._client[slot] = self._target[slot] = self._proxy[slot] = ""
+        self._state[slot] = FREE
+        self._free.append(slot)
