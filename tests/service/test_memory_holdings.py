@@ -18,6 +18,7 @@ TARGETS = ["t1", "t2"]
 
 step = st.one_of(
     st.tuples(st.just("took"), st.sampled_from(PROXIES), st.floats(0, 50)),
+    st.tuples(st.just("other"), st.sampled_from(PROXIES), st.floats(0, 50)),  # another client's lease
     st.tuples(st.just("moved"), st.integers(0, 30), st.floats(0, 50)),
     st.tuples(st.just("released"), st.integers(0, 30), st.just(0.0)),
     st.tuples(st.just("banned"), st.sampled_from(PROXIES), st.floats(0, 50)),
@@ -32,10 +33,17 @@ def kept(ended_kept: int = 20_000) -> tuple[MemoryHoldings, LeaseTable]:
 
 
 def took(
-    holdings: MemoryHoldings, table: LeaseTable, lease_id: str, *, proxy: str, now: float, end: float
+    holdings: MemoryHoldings,
+    table: LeaseTable,
+    lease_id: str,
+    *,
+    proxy: str,
+    now: float,
+    end: float,
+    client: str = "c",
 ) -> None:
-    table.taken(LeaseRecord(lease_id, "c", "t1", proxy, now, end))
-    holdings.took("c", proxy=proxy, tat=None)
+    table.taken(LeaseRecord(lease_id, client, "t1", proxy, now, end))
+    holdings.took(client, proxy=proxy, tat=None)
 
 
 def running(table: LeaseTable, lease_id: str, now: float) -> bool:
@@ -52,11 +60,14 @@ def running(table: LeaseTable, lease_id: str, now: float) -> bool:
 def test_what_a_request_counts_is_what_held_lists(
     steps: list[tuple[str, object, float]], pools: list[frozenset[str]], target: str
 ) -> None:
-    (holdings, table), now, issued = kept(ended_kept=3), 0.0, 0
+    (holdings, table), now, issued, others = kept(ended_kept=3), 0.0, 0, 0
     for kind, what, value in steps:
         if kind == "took":
             took(holdings, table, f"l{issued}", proxy=str(what), now=now, end=now + value)
             issued += 1
+        elif kind == "other":  # slots are reused across clients once their leases are forgotten
+            took(holdings, table, f"o{others}", proxy=str(what), now=now, end=now + value, client="d")
+            others += 1
         elif kind == "moved" and issued:
             lease_id = f"l{int(str(what)) % issued}"
             if running(table, lease_id, now):  # as the store renews: a running lease only
@@ -108,3 +119,17 @@ def test_a_released_lease_stops_counting_at_once_and_stale_entries_do_not_pile_u
     table.expire(10_000.0 + 4999)
     assert table.active("c", now=10_000.0 + 4999) == []
     assert holdings.held_count("c", target="t1", pool=pool, now=10_000.0 + 4999) == 0
+
+
+def test_a_slot_reused_by_another_client_is_not_the_first_clients() -> None:
+    """A forgotten lease's slot goes to the next lease, whoever takes it: the first client's list still names
+    that slot, and must not read the new lease as its own."""
+    holdings, table = kept(ended_kept=0)
+    took(holdings, table, "l0", proxy=PROXIES[0], now=0.0, end=1.0)
+    took(holdings, table, "l1", proxy=PROXIES[1], now=0.0, end=100.0)
+    table.sweep(2.0)  # "l0" ends and, none ended being kept, is forgotten: its slot is free
+    took(holdings, table, "o0", proxy=PROXIES[2], now=2.0, end=50.0, client="d")
+    assert table.record("l0") is None
+    assert table.active("c", now=2.0) == ["l1"]
+    assert table.ends_of("c", now=2.0) == {PROXIES[1]: 100.0}
+    assert table.active("d", now=2.0) == ["o0"]
