@@ -114,6 +114,10 @@ class MemoryHoldings:
         `target`, running or not): a client this far under its limit cannot reach it with one request."""
         return len(self._per_proxy.get(client, ())) + len(self._banned.get((client, target), ()))
 
+    def running_bans(self, client: str, *, target: str, now: float) -> list[str]:
+        """The proxies the client holds by a running penalty its reports set for `target`."""
+        return [proxy for proxy, end in self._banned.get((client, target), {}).items() if end > now]
+
     def banned(self, client: str, *, target: str, proxy: str, until: float) -> None:
         """A penalty on `proxy` for `target` that `client`'s report set (or lengthened) runs until `until`."""
         bans = self._banned.setdefault((client, target), {})

@@ -8,15 +8,21 @@ list is compacted when it holds as many holes as proxies; `epoch` changes whenev
 new proxies). A position remembered in the epoch before a compaction is carried over (`carried`): the keys
 keep their order, so it maps to the last key at or before it. New proxies go first and change the order
 itself: a position from before them is not carried.
+
+Each slot also keeps when it was filled (`stamp`: the hand-out's time, never below the one before it, so the
+stamps ascend along the list; never handed out: -inf), so that the first position handed out at or after a
+time is a bisection (`since`): a client at its share walks only what was handed out since its oldest
+running lease was (memory.py).
 """
 
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 
 COMPACT_SLACK = 1024  # holes allowed beyond one per proxy before the list is compacted
+NEVER = float("-inf")  # the stamp of a proxy never handed out
 
 
 class HandOutOrder:
@@ -24,6 +30,8 @@ class HandOutOrder:
         self._slots: list[str | None] = []
         self._jump: list[int] = []  # for a hole: a position after it, at or before the next proxy
         self._position: dict[str, int] = {}
+        self._stamp = array("d")  # per slot: when it was filled (ascending)
+        self._last = NEVER
         self.epoch = 0
         self._before: array[int] | None = None  # after a compaction: each position's position before it
 
@@ -41,22 +49,30 @@ class HandOutOrder:
         """Put the keys never seen before the others, in key order (ties among the never used go by key)."""
         new = sorted(key for key in keys if key not in self._position)
         if new:
-            self._rebuild([*new, *(key for key in self._slots if key is not None)])
+            known = [(key, self._stamp[i]) for i, key in enumerate(self._slots) if key is not None]
+            self._rebuild([*new, *(key for key, _ in known)], [NEVER] * len(new) + [at for _, at in known])
             self._before = None
 
-    def touch(self, key: str) -> None:
-        """`key` was just handed out: it becomes the most recently used."""
+    def touch(self, key: str, now: float) -> None:
+        """`key` was just handed out (at `now`): it becomes the most recently used."""
         old = self._position[key]
         self._slots[old] = None
         self._jump[old] = old + 1
         self._position[key] = len(self._slots)
         self._slots.append(key)
         self._jump.append(len(self._jump))
+        self._last = max(self._last, now)
+        self._stamp.append(self._last)
         if len(self._slots) > 2 * len(self._position) + COMPACT_SLACK:
             kept = [key for key in self._slots if key is not None]
             before = array("q", (self._position[key] for key in kept))  # ascending: the order is kept
-            self._rebuild(kept)
+            self._rebuild(kept, [self._stamp[i] for i in before])
             self._before = before
+
+    def since(self, at: float) -> int:
+        """The first position handed out at or after `at` (at the stamps' clock): every key handed out then
+        or later is at it or after it."""
+        return bisect_left(self._stamp, at)
 
     def carried(self, position: int, epoch: int) -> int | None:
         """Where the walk from the key at `position`, remembered in `epoch`, goes on now: the position of the
@@ -86,8 +102,9 @@ class HandOutOrder:
             jump[position], position = found, jump[position]
         return found
 
-    def _rebuild(self, keys: list[str]) -> None:
+    def _rebuild(self, keys: list[str], stamps: list[float]) -> None:
         self._slots = list(keys)
+        self._stamp = array("d", stamps)
         self._jump = list(range(len(keys)))
         self._position = {key: i for i, key in enumerate(keys)}
         self.epoch += 1

@@ -5,19 +5,23 @@ most LEASE_GRACE seconds and only while it is among the latest `ended_kept` to e
 alone, 500 leases a second were 1.8 million records (tests/bench/bench_lease_memory.py).
 
 Each lease is a slot: its fields sit in one list or array per field, and its id maps to its slot. At 500
-leases a second with 60-s leases a replica keeps about 30,000 running leases and 20,000 ended ones; as a
-tuple per lease, with its own floats, a dict entry per client and a heap entry, each cost about 620 bytes
-(31 MiB, a quarter of the leader's 128 MiB goal). Here a lease costs its id (81 bytes, the string the
-service made), the id's dict entry and slot number, 49 bytes of columns and, while it runs, one int in the
-heap of ends and one slot number in its client's list: about 250 bytes. A slot is reused once its lease
-is forgotten; the columns keep their largest size, as a dict does.
+leases a second with 60-s leases a replica keeps about 30,000 running leases and 20,000 ended ones. As a
+tuple per lease with two floats of its own in a lease book, plus a tuple in its client's dict of leases
+and one in its client's heap of ends, a lease cost about 290 bytes beside its id (traced, 30,000 running);
+here it costs the id's dict entry and slot number, 57 bytes of columns and, while it runs, one int in the
+heap of ends and one entry in its client's list: about 170 (operations.md, "What the memory store keeps
+of leases"). The id itself (81 bytes, the string the service made) is kept in both. A slot is reused once
+its lease is forgotten; the columns keep their largest size, as a dict does.
 
 Ends are exact: a heap of ints, each a lease's end in microseconds shifted left by SLOT_BITS with the
 slot in the low bits (one int, not a tuple of a float and an int); an entry whose slot no longer runs, or
 runs to another end (renewed), is skipped when it comes up, and the heap is rebuilt from the running
 leases once such entries are most of it. Whoever keeps counts of running leases learns of each end
 (`on_end(client, proxy)`) when it is noticed: `expire(now)` notices every lease ended by `now`, in end
-order, at a cost of what ended. Not locked: the memory store calls it under its own lock.
+order, at a cost of what ended. A client's running leases are a list of its slots in the order they were
+taken, each with the slot's generation (a slot reused since holds another lease, whoever took it): its
+oldest running lease is the first entry still valid (`oldest_handed`). Not locked: the memory store calls
+it under its own lock.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ LEASE_GRACE = 3600.0  # an ended lease is kept for late reports at most this lon
 ENDED_KEPT = 20_000  # and only while it is among this many latest ended
 SLOT_BITS = 32  # a heap entry's low bits: the slot (4 billion leases kept at once is far past any replica)
 SLOT_MASK = (1 << SLOT_BITS) - 1
+GENERATIONS = 1 << 31  # a slot's generation, beside it in a client's list (a signed 64-bit entry)
 HEAP_SLACK = 1024  # stale heap entries allowed beyond one per running lease before a rebuild
 CLIENT_SLACK = 64  # and slots in a client's list beyond twice its running leases
 
@@ -58,10 +63,14 @@ class LeaseTable:
         self._handed = array("d")
         self._expires = array("d")
         self._state = bytearray()
+        self._generation = array("l")  # how many leases the slot held before its current one
         self._free: list[int] = []
         self._heap: list[int] = []  # (end in microseconds << SLOT_BITS) | slot, for running leases
         self._running = 0
-        self._of_client: dict[str, array[int]] = {}  # client -> its running slots (and some stale ones)
+        # client -> its running slots, in the order taken, each `slot | generation << SLOT_BITS` (and some
+        # entries no longer valid); and where in that list the first valid entry may be
+        self._of_client: dict[str, array[int]] = {}
+        self._front: dict[str, int] = {}
         self._running_of: dict[str, int] = {}  # client -> how many of its leases run
         self._ended: deque[int] = deque()  # ended slots, in the order their end was noticed
 
@@ -86,6 +95,18 @@ class LeaseTable:
     def active(self, client: str, *, now: float) -> list[str]:
         """The ids of the client's leases that run at `now`."""
         return [self._id[slot] for slot in self._running_slots(client) if self._expires[slot] > now]  # type: ignore[misc]
+
+    def oldest_handed(self, client: str) -> float | None:
+        """When the client's oldest running lease was handed out (None: it has none). Every lease it took
+        after that one was taken after it, at the store's clock."""
+        slots = self._of_client.get(client)
+        if slots is None:
+            return None
+        front = self._front.get(client, 0)
+        while front < len(slots) and not self._valid(slots[front]):
+            front += 1
+        self._front[client] = front
+        return self._handed[slots[front] & SLOT_MASK] if front < len(slots) else None
 
     def ends_of(self, client: str, *, now: float) -> dict[str, float]:
         """proxy -> the latest end of the client's leases on it that run at `now`."""
@@ -126,7 +147,7 @@ class LeaseTable:
         slots = self._of_client.get(lease.client)
         if slots is None:
             slots = self._of_client[lease.client] = array("q")
-        slots.append(slot)
+        slots.append(slot | self._generation[slot] << SLOT_BITS)
         self._running_of[lease.client] = self._running_of.get(lease.client, 0) + 1
 
     def released(self, lease_id: str, *, now: float) -> None:
@@ -188,20 +209,24 @@ class LeaseTable:
             self._running_of[client] = left
             slots = self._of_client[client]
             if len(slots) > 2 * left + CLIENT_SLACK:
-                self._of_client[client] = array("q", self._running_slots(client))
+                self._of_client[client] = array("q", (entry for entry in slots if self._valid(entry)))
+                self._front.pop(client, None)
         else:
             del self._running_of[client], self._of_client[client]
+            self._front.pop(client, None)
         self._ended.append(slot)
         self._on_end(client, self._proxy[slot])
 
+    def _valid(self, entry: int) -> bool:
+        """Is this entry of a client's list a running lease (not one that ended, or a slot reused since)?"""
+        slot = entry & SLOT_MASK
+        return self._state[slot] & STATE == RUNNING and self._generation[slot] == entry >> SLOT_BITS
+
     def _running_slots(self, client: str) -> Iterator[int]:
-        """The client's running slots, once each (its list keeps slots that ended, or were reused since)."""
-        state, owner = self._state, self._client
-        seen: set[int] = set()
-        for slot in self._of_client.get(client, ()):
-            if state[slot] & STATE == RUNNING and owner[slot] == client and slot not in seen:
-                seen.add(slot)
-                yield slot
+        """The client's running slots (its list keeps entries that ended, or whose slot was reused since)."""
+        for entry in self._of_client.get(client, ())[self._front.get(client, 0) :]:
+            if self._valid(entry):
+                yield entry & SLOT_MASK
 
     def _rebuild_heap(self) -> None:
         state, expires = self._state, self._expires
@@ -221,6 +246,7 @@ class LeaseTable:
         self._handed.append(0.0)
         self._expires.append(0.0)
         self._state.append(FREE)
+        self._generation.append(0)
         return slot
 
     def _free_slot(self, slot: int) -> None:
@@ -230,4 +256,5 @@ class LeaseTable:
         self._id[slot] = None
         self._client[slot] = self._target[slot] = self._proxy[slot] = ""
         self._state[slot] = FREE
+        self._generation[slot] = (self._generation[slot] + 1) % GENERATIONS
         self._free.append(slot)

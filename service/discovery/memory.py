@@ -121,6 +121,8 @@ class MemoryStore:
         # a remembered run is for the request's own candidates: the held ones change with every hand-out
         resume = self._resumable(pair, candidates, now) if walk and not (ignore_cooldown or full) else None
         run_end, run_until = (resume.position, resume.until) if resume else (-1, INFINITY)
+        if only_held:  # none it holds is less recently used than its oldest running take or its bans
+            run_end = self._held_from(client, target=target, now=now) - 1
         earliest = run_until if run_until < INFINITY else None
         picked: list[str] = []
         skipped = 0  # the ineligible run at the front, as far as this walk saw it
@@ -176,6 +178,17 @@ class MemoryStore:
             for key in request.candidates
         )
 
+    def _held_from(self, client: str, *, target: str, now: float) -> int:
+        """Where a walk for the proxies the client holds starts: the first position handed out since its
+        oldest running lease was (each proxy it leases was handed out again to it since, at the latest),
+        or a proxy it holds by a ban, whichever comes first (at its share of 10,000 with half of them held,
+        a walk from the front passed the 5,000 it no longer holds on every request)."""
+        oldest = self._leases.oldest_handed(client)
+        start = self._lru.since(oldest if oldest is not None else INFINITY)
+        for proxy in self._holdings.running_bans(client, target=target, now=now):
+            start = min(start, self._lru.position(proxy))
+        return max(start, 0)
+
     def _far_under(self, request: AcquireRequest, share: FairShare, count: int, now: float) -> bool:
         """Can this request not reach the client's holding limit, however it goes? Then no limit applies to
         it, and its holdings need not be counted (a client that never releases holds thousands)."""
@@ -199,7 +212,7 @@ class MemoryStore:
             held[lease.proxy] = max(held.get(lease.proxy, 0.0), until)  # a sticky re-use never lowers it
             self._reports.held(client=lease.client, proxy=lease.proxy, until=lease.expires_at)
             self._holdings.took(lease.client, proxy=lease.proxy, tat=tat)
-            self._lru.touch(lease.proxy)
+            self._lru.touch(lease.proxy, now)
         return leases
 
     def _resumable(self, pair: tuple[str, str], candidates: Collection[str], now: float) -> _Resume | None:
