@@ -297,6 +297,7 @@ def run(tmp: Path) -> None:
             print(f"service {memory_parts(svc.process.pid)}")
             if redis is not None:
                 print(f"redis-server RSS {_rss_mib(redis.pid):.1f} MiB (the lease state, out of the service)")
+                print(redis_commands(redis_url))
             if CENSUS:
                 report_census(svc.process, tmp / "census.txt", until=_until)
 
@@ -371,6 +372,28 @@ def redis_server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     finally:
         process.terminate()
         process.wait(10)
+
+
+def redis_commands(url: str, top: int = 10) -> str:
+    """What redis-server spent its time on over the run (`INFO commandstats`: the scripts' own commands are
+    counted both inside EVALSHA and on their own), the costliest first: where a lease load that is not
+    sustained waits, when the service and redis-server both have CPU to spare (run 22)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        stats: dict[str, dict[str, Any]] = client.info("commandstats")
+    finally:
+        client.close()
+    rows = sorted(stats.items(), key=lambda item: -int(item[1]["usec"]))[:top]
+    lines = ["redis-server commands (calls, us a call, s in all, failed):"]
+    for name, entry in rows:
+        lines.append(
+            f"  {name.removeprefix('cmdstat_'):20s} {int(entry['calls']):>10,}"
+            f" {float(entry['usec_per_call']):>9.1f} {int(entry['usec']) / 1e6:>8.1f}"
+            f" {int(entry.get('failed_calls', 0)):>6}"
+        )
+    return "\n".join(lines)
 
 
 def _free_port() -> int:
