@@ -81,9 +81,8 @@ class MemoryStore:
             return self._acquire(request, now)
 
     def _acquire(self, request: AcquireRequest, now: float) -> Acquired:
-        self._leases.expire(
-            now
-        )  # what the client holds is counted from here on: every lease ended by now ends
+        # what the client holds is counted from here on: every lease that ended by `now` ends first
+        self._leases.expire(now)
         self._leases.forget(now)
         pair = (request.client, request.target)
         held = self._hold.setdefault(pair, {})
