@@ -156,14 +156,14 @@ class LeaseTable:
         self._expires[slot] = now
         self._state[slot] |= RELEASED
         self._end(slot)
+        self._bound_heap()  # its entry stays until its old end: an hour's lease released at once, all day
 
     def renewed(self, lease_id: str, *, until: float) -> None:
         """A running lease now ends at `until`."""
         slot = self._slot[lease_id]
         self._expires[slot] = until
         heapq.heappush(self._heap, (_micros(until) << SLOT_BITS) | slot)
-        if len(self._heap) > 2 * self._running + HEAP_SLACK:
-            self._rebuild_heap()
+        self._bound_heap()
 
     def mark_banned(self, lease_id: str) -> str | None:
         """Count a `banned` report on the lease once: its client, or None when it is gone or was counted."""
@@ -227,6 +227,11 @@ class LeaseTable:
         for entry in self._of_client.get(client, ())[self._front.get(client, 0) :]:
             if self._valid(entry):
                 yield entry & SLOT_MASK
+
+    def _bound_heap(self) -> None:
+        """Rebuild the heap from the running leases once stale entries are most of it."""
+        if len(self._heap) > 2 * self._running + HEAP_SLACK:
+            self._rebuild_heap()
 
     def _rebuild_heap(self) -> None:
         state, expires = self._state, self._expires

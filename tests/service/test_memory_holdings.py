@@ -133,3 +133,14 @@ def test_a_slot_reused_by_another_client_is_not_the_first_clients() -> None:
     assert table.active("c", now=2.0) == ["l1"]
     assert table.ends_of("c", now=2.0) == {PROXIES[1]: 100.0}
     assert table.active("d", now=2.0) == ["o0"]
+
+
+def test_leases_released_long_before_their_end_leave_no_pile_of_heap_entries() -> None:
+    """A crawler that leases for an hour and releases after a page: each release leaves its heap entry at
+    the lease's old end, an hour on; the heap is rebuilt from the running leases once those are most of it."""
+    holdings, table = kept()
+    for n in range(5000):
+        took(holdings, table, f"l{n}", proxy=PROXIES[n % 6], now=float(n), end=3600.0 + n)
+        table.released(f"l{n}", now=float(n) + 0.5)
+    assert table.active("c", now=5000.0) == []
+    assert len(table._heap) <= HEAP_SLACK + 1
