@@ -94,7 +94,8 @@ class LeaseTable:
 
     def active(self, client: str, *, now: float) -> list[str]:
         """The ids of the client's leases that run at `now`."""
-        return [self._id[slot] for slot in self._running_slots(client) if self._expires[slot] > now]  # type: ignore[misc]
+        ids = self._id
+        return [ids[slot] or "" for slot in self._running_slots(client) if self._expires[slot] > now]
 
     def oldest_handed(self, client: str) -> float | None:
         """When the client's oldest running lease was handed out (None: it has none). Every lease it took
@@ -125,9 +126,6 @@ class LeaseTable:
             1 for slot in self._slot.values() if state[slot] & STATE == RUNNING and expires[slot] > now
         )
         return running, len(self._slot) - running
-
-    def __len__(self) -> int:
-        return len(self._slot)
 
     # --- changes
 
