@@ -175,16 +175,18 @@ class LeaseTable:
         """Notice every running lease that ended by `now` (its end is then reported to `on_end`)."""
         heap, state, expires = self._heap, self._state, self._expires
         limit = _micros(now)
+        later: list[int] = []  # running past `now` by less than the microsecond both round to
         while heap and heap[0] >> SLOT_BITS <= limit:
-            key = heap[0]
+            key = heapq.heappop(heap)
             slot = key & SLOT_MASK
             if state[slot] & STATE == RUNNING and _micros(expires[slot]) == key >> SLOT_BITS:
-                if expires[slot] > now:  # within the microsecond rounded to `now`
-                    break
-                heapq.heappop(heap)
-                self._end(slot)
-            else:  # a lease renewed since, or one that ended otherwise (released)
-                heapq.heappop(heap)
+                if expires[slot] > now:  # entries behind it in the heap may still have ended
+                    later.append(key)
+                else:
+                    self._end(slot)
+            # else: a lease renewed since, or one that ended otherwise (released): a stale entry
+        for key in later:
+            heapq.heappush(heap, key)
 
     def forget(self, now: float) -> None:
         """Forget ended leases past the bound or ended over LEASE_GRACE ago (the oldest ended first)."""
