@@ -73,7 +73,7 @@ ACQUIRE = (
 local hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local share_key, banby = KEYS[7] ~= '' and KEYS[7], KEYS[8]
 local pcnt, pin, pnum, ptake = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
-if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
+if share_key and redis.call('PEXPIRE', share_key, 600000) == 0 then return {'nocand'} end  -- refreshed at use
 """
     + _ARGS
     + r"""
@@ -118,8 +118,8 @@ STICKY = (
 local sess, hold, pen, lru, used, act, ratekey = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local share_key, banby, pool_key = KEYS[8] ~= '' and KEYS[8], KEYS[9], KEYS[10] ~= '' and KEYS[10]
 local pcnt, pin, pnum, ptake = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
-if pool_key and redis.call('EXISTS', pool_key) == 0 then return {'nocand'} end
+if share_key and redis.call('PEXPIRE', share_key, 600000) == 0 then return {'nocand'} end  -- refreshed at use
+if pool_key and redis.call('PEXPIRE', pool_key, 600000) == 0 then return {'nocand'} end
 """
     + _ARGS
     + r"""
@@ -293,9 +293,9 @@ if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return n
 """
 
-# The same decision over a candidate set stored in Redis (uploaded once per distinct set, by digest), walking
-# the LRU zset from its oldest member (or after the ineligible run the last walk for this client and target
-# found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case. A
+# The same decision over a candidate set stored in Redis (one per distinct set and process: redis_sets.py),
+# walking the LRU zset from its oldest member (or after the ineligible run the last walk for this client and
+# target found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case. A
 # client at its share that holds few proxies gets them sorted; one that holds many (an eighth of the LRU or
 # more) walks the LRU for them, as the memory store does: neither reads its leases.
 # KEYS: hold zset, penalty zset, lru zset, used zset, candidate set, skip hash (target), act zset, rate key,
@@ -307,9 +307,8 @@ ACQUIRE_FROM_SET = (
 local hold, pen, lru, used, cand, skips = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local act, ratekey, share_key, banby = KEYS[7], KEYS[8], KEYS[9] ~= '' and KEYS[9], KEYS[10]
 local pcnt, pin, pnum, ptake = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-if redis.call('EXISTS', cand) == 0 then return {'nocand'} end
-if share_key and redis.call('EXISTS', share_key) == 0 then return {'nocand'} end
-redis.call('PEXPIRE', cand, 600000)
+if redis.call('PEXPIRE', cand, 600000) == 0 then return {'nocand'} end  -- gone; else kept 10 min from its use
+if share_key and redis.call('PEXPIRE', share_key, 600000) == 0 then return {'nocand'} end
 local function in_cand(proxy) return redis.call('SISMEMBER', cand, proxy) == 1 end
 local count_key, pool_list = share_key or cand, {}
 """

@@ -13,26 +13,23 @@ end of a penalty its report set for that target, the counts kept with `act` (red
 pool set -> the proxies of that set it leases, `P:ptake:<client>` zset proxy it leases -> its last take;
 and `P:lrate:<client>` its rate bucket; for the report summary (report_summary.py), `P:rep:<proxy>` hash
 entry -> reports and `P:repat:<proxy>` zset entry -> latest report.
+Candidate sets too large to list with a call are `P:cand:<process>:<n>` sets (redis_sets.py).
 Every key but `P:lru` carries a TTL.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import math
-import uuid
 from collections.abc import Collection, Sequence
 from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from service.discovery import redis_scripts
-from service.discovery.redis_pipe import RedisPipe, StoreConnectionError, StoreTimeoutError
+from service.discovery.redis_pipe import RedisPipe
+from service.discovery.redis_sets import CandidateSets
 from service.discovery.report_summary import (
     KEEP_SECONDS,
     MOST,
@@ -54,7 +51,6 @@ from service.discovery.store import (
 
 LEASE_GRACE = 3600.0
 SMALL_SET = 64  # up to this many candidates travel with the call; larger sets are uploaded once by digest
-CANDIDATE_SET_TTL_MS = 600_000
 STRIKES_KEEP = 7 * 86400.0
 MAX_CONNECTIONS = 32  # Redis runs one command at a time: more connections add only its overhead
 POOL_TIMEOUT_SECONDS = 10.0
@@ -83,9 +79,7 @@ class RedisStore:
         self._error_vote = client.register_script(redis_scripts.ERROR_VOTE)
         self._count_report = client.register_script(redis_scripts.COUNT_REPORT)
         self._note_report = client.register_script(NOTE_REPORT)
-        self._digests: dict[frozenset[str], str] = {}
-        self._uploaded: set[str] = set()
-        self._uploading: dict[str, asyncio.Future[None]] = {}
+        self._sets = CandidateSets(client, prefix=prefix)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -117,7 +111,7 @@ class RedisStore:
                 out = await self._run(self._acquire, keys=keys, args=args)
                 cand = ""
             else:
-                cand = await self._candidate_key(_frozen(request.candidates))
+                cand = await self._sets.key(_frozen(request.candidates))
                 keys = [
                     *self._keys(request),
                     self._used_key(request.client),
@@ -129,7 +123,7 @@ class RedisStore:
                 out = await self._run(self._acquire_set, keys=keys, args=self._args(request, now=now))
             if out[0] != "nocand":
                 return self._acquired(out, request=request, now=now)
-            self._uploaded.difference_update({cand, share})
+            self._sets.gone(cand, share)
         raise RuntimeError("a candidate set vanished twice in a row from Redis")
 
     async def _share_key(self, request: AcquireRequest) -> str:
@@ -138,42 +132,7 @@ class RedisStore:
         share = request.share
         if share is None or share.holding is None or share.pool is request.candidates:
             return ""
-        return await self._candidate_key(_frozen(share.pool))
-
-    async def _candidate_key(self, candidates: frozenset[str]) -> str:
-        digest = self._digests.get(candidates)
-        if digest is None:
-            digest = hashlib.sha1("\n".join(sorted(candidates)).encode()).hexdigest()
-            if len(self._digests) >= 64:
-                self._digests.pop(next(iter(self._digests)))
-            self._digests[candidates] = digest
-        key = f"{self._p}:cand:{digest}"
-        if key not in self._uploaded:
-            # One upload per set and process, however many requests arrive while it runs.
-            upload = self._uploading.get(key)
-            if upload is None:
-                upload = self._uploading[key] = asyncio.ensure_future(self._upload(key, candidates))
-                upload.add_done_callback(lambda _: self._uploading.pop(key, None))
-            await asyncio.shield(upload)
-            self._uploaded.add(key)
-        return key
-
-    async def _upload(self, key: str, candidates: frozenset[str]) -> None:
-        # Built under a temporary name and renamed, so a script never sees half a set.
-        tmp = f"{key}:tmp:{uuid.uuid4().hex}"
-        members = sorted(candidates)
-        try:
-            async with self._r.pipeline(transaction=False) as pipe:
-                for start in range(0, len(members), 1000):
-                    pipe.sadd(tmp, *members[start : start + 1000])
-                pipe.zadd(f"{self._p}:lru", dict.fromkeys(members, 0), nx=True)  # never used = oldest
-                pipe.rename(tmp, key)
-                pipe.pexpire(key, CANDIDATE_SET_TTL_MS)
-                await pipe.execute()
-        except RedisConnectionError as exc:  # part of a lease: the API's 503, not a 500
-            raise StoreConnectionError(f"uploading a candidate set: {exc}") from exc
-        except RedisTimeoutError as exc:
-            raise StoreTimeoutError(f"uploading a candidate set: {exc}") from exc
+        return await self._sets.key(_frozen(share.pool))
 
     def _limit_keys(self, request: AcquireRequest, share: str) -> list[str]:
         """The fair share's keys, in the order the acquire scripts and STICKY all take them."""
@@ -373,7 +332,7 @@ class RedisStore:
             elif len(pool) <= self._small_set:
                 pool_key, listed = "", pool
             else:
-                pool_key = await self._candidate_key(_frozen(pool))
+                pool_key = await self._sets.key(_frozen(pool))
             keys = [
                 self._session_key(request.client, session),
                 *self._keys(request),
@@ -391,7 +350,7 @@ class RedisStore:
                 return BoundSession(str(out[1]), float(out[2]) if out[2] else 0.0)
             if out[0] != "nocand":
                 return self._acquired(out, request=request, now=now)
-            self._uploaded.difference_update({share, pool_key})
+            self._sets.gone(share, pool_key)
         raise RuntimeError("a candidate set vanished twice in a row from Redis")
 
     async def bind_session(self, *, client: str, session: str, proxy: str, now: float, idle: float) -> None:
