@@ -13,8 +13,8 @@ end of a penalty its report set for that target, the counts kept with `act` (red
 pool set -> the proxies of that set it leases, `P:ptake:<client>` zset proxy it leases -> its last take;
 and `P:lrate:<client>` its rate bucket; for the report summary (report_summary.py), `P:rep:<proxy>` hash
 entry -> reports and `P:repat:<proxy>` zset entry -> latest report.
-Candidate sets too large to list with a call are `P:cand:<process>:<n>` sets (redis_sets.py).
-Every key but `P:lru` carries a TTL.
+Candidate sets too large to list with a call are `P:cand:<digest>` sets, named with `P:cand-salt`
+(redis_sets.py). Every key but `P:lru` and `P:cand-salt` carries a TTL.
 """
 
 from __future__ import annotations

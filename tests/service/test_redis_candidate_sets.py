@@ -73,6 +73,33 @@ def test_a_changed_set_is_built_from_the_last_by_its_change(redis_server: RedisS
     asyncio.run(main())
 
 
+def test_replicas_name_a_set_alike_however_each_came_to_it(redis_server: RedisServer) -> None:
+    """A set's name is its members' digest, whether built from a base by a change or uploaded whole, so
+    replicas share a set (and the scripts' resume record, kept by the set's name, holds across them); a
+    set another replica made is not built again."""
+
+    async def main() -> None:
+        redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+        prefix = _prefix()
+        one, other = CandidateSets(redis, prefix=prefix), CandidateSets(redis, prefix=prefix)
+        try:
+            changed = (FLEET - {"p0005", "p0006"}) | {"new-2"}
+            await one.key(FLEET)
+            built = await one.key(changed)
+            assert (one.whole, one.patched) == (1, 1)
+            assert await other.key(changed) == built  # uploaded whole here: the same name
+            assert await other.key(FLEET) == await one.key(FLEET)
+            back = await other.key(changed - {"p0007"})  # built from a base by the other
+            assert await one.key(changed - {"p0007"}) == back
+            assert set(await redis.smembers(back)) == changed - {"p0007"}
+            elsewhere = CandidateSets(redis, prefix=_prefix())  # another installation: its own salt
+            assert (await elsewhere.key(FLEET)).split(":")[-1] != built.split(":")[-1]
+        finally:
+            await redis.aclose()
+
+    asyncio.run(main())
+
+
 def test_a_base_gone_from_redis_sends_the_set_whole(redis_server: RedisServer) -> None:
     async def main() -> None:
         redis = aioredis.Redis.from_url(redis_server.url, decode_responses=True)

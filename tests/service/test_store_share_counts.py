@@ -119,9 +119,10 @@ async def _step(run: Run, kind: str, step: dict[str, object], issued: int) -> ob
 
 async def _counts_agree(redis: aioredis.Redis, prefix: str) -> None:
     """Each client's `pcnt` is what its `act` says, each pool in `pin` counts `pcnt`'s proxies in it, and
-    every key but the LRU expires (a client that never comes back leaves nothing behind)."""
+    every key but the LRU and the sets' salt expires (a client that never comes back leaves nothing
+    behind)."""
     async for key in redis.scan_iter(match=f"{prefix}:*"):
-        if key != f"{prefix}:lru":
+        if key not in (f"{prefix}:lru", f"{prefix}:cand-salt"):
             assert await redis.pttl(key) != -1, f"{key} never expires"
     for client in CLIENTS:
         ids = await redis.zrange(f"{prefix}:running:{client}", 0, -1)
