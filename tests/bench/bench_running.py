@@ -27,6 +27,8 @@ the service's), BENCH_KEEP=1 keeps the working folder,
 BENCH_TRACEMALLOC=1 runs the service under tracemalloc and prints where its memory went (its RSS and CPU are
 then the tracer's too; BENCH_TRACE_FRAMES, 8, frames kept per allocation), BENCH_CENSUS=1 prints a census of
 the service's objects by what holds them at the end (tests/bench/census.py, with the modules it loaded),
+BENCH_PYSPY (a py-spy binary, from PyPI) samples the service's threads for the lease window's first
+BENCH_PYSPY_SECONDS (120) and prints where its event loop spent them (tests/bench/pyspy_profile.py),
 BENCH_SERVICE_ENV (a JSON object) adds to the service's environment only (to compare an allocator:
 `{"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "PYTHONMALLOC": "malloc"}`). About 15-20
 minutes at 10,000.
@@ -83,6 +85,7 @@ from tests.bench.follower_phase import (  # noqa: E402
     quantile,
 )
 from tests.bench.incluster_trace import report_allocations, report_census  # noqa: E402
+from tests.bench.pyspy_profile import sampled  # noqa: E402
 from tests.kube.apiserver import KubeApi, running_apiserver  # noqa: E402
 
 RUNNING = int(os.environ.get("BENCH_RUNNING", "10000"))
@@ -97,6 +100,8 @@ LEASE_WINDOW = float(
 READY_WITHIN = float(os.environ.get("BENCH_READY_WITHIN", "2400"))
 ECHO = os.environ.get("BENCH_ECHO", "own")
 STORE = os.environ.get("BENCH_STORE", "memory")
+PYSPY = os.environ.get("BENCH_PYSPY", "")  # a py-spy binary: the service sampled in the lease window
+PYSPY_SECONDS = float(os.environ.get("BENCH_PYSPY_SECONDS", "120"))
 if STORE not in ("memory", "redis"):
     raise SystemExit(f"BENCH_STORE={STORE!r}: `memory` or `redis`")
 GOAL_MIB = 128
@@ -208,7 +213,13 @@ def window(
     lag, probed, started = lag_buckets(url), probes(url), time.monotonic()
     rss = [_rss_mib(svc.process.pid)]
     load = paced_leases(port, token, rate=rate, connections=CONNECTIONS)
-    latencies, not_ok = load(seconds) if rate else ([], 0)
+    profile = (
+        sampled(PYSPY, svc.process.pid, svc.log.with_suffix(".pyspy"), seconds=min(seconds, PYSPY_SECONDS))
+        if PYSPY and rate
+        else contextlib.nullcontext()
+    )
+    with profile:
+        latencies, not_ok = load(seconds) if rate else ([], 0)
     if not rate:
         time.sleep(seconds)
     wall = time.monotonic() - started
