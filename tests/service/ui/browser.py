@@ -66,12 +66,14 @@ def wait_for(check: Callable[[], bool], *, what: str, driver: Any, timeout: floa
 
 
 def _holds(check: Callable[[], bool]) -> bool:
-    """`check()`, False when the page was replaced under it (its own auto-refresh): look again."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """`check()`, False when the page was replaced under it (its own auto-refresh) or is not there yet (a
+    navigation, such as the log in's redirect, still loading on a busy machine: CI's cold run of 624214e
+    found no `main` right after the click): look again."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     try:
         return check()
-    except StaleElementReferenceException:
+    except (StaleElementReferenceException, NoSuchElementException):
         return False
 
 
