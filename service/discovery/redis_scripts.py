@@ -293,7 +293,8 @@ if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
 return n
 """
 
-# The same decision over a candidate set stored in Redis (one per distinct set and process: redis_sets.py),
+# The same decision over a candidate set stored in Redis (named by its members, shared by replicas, never
+# changed once named: redis_sets.py),
 # walking the LRU zset from its oldest member (or after the ineligible run the last walk for this client and
 # target found) in chunks that grow from 16, so a lease costs O(count) and not O(fleet) in the common case. A
 # client at its share that holds few proxies gets them sorted; one that holds many (an eighth of the LRU or
