@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,12 @@ MAX_REMEMBERED = 100_000  # (pid, port) pairs `holds_listener` remembers
 # string (the service probes 10,000 ports of 20 listeners: about 140 bytes a port less)
 _HELD: dict[int, int] = {}
 FD_BITS = 24
+# The probe gate's memory of processes it found to be our proxy: pid -> (start time, when, on the monotonic
+# clock). Within IDENTITY_SECONDS of that, a probe reads only the one descriptor that names the remembered
+# listening socket (`listener_refusal`).
+IDENTITY_SECONDS = 1.0
+MAX_IDENTITIES = 4_096
+_IDENTIFIED: dict[int, tuple[int, float]] = {}
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,20 @@ def holds_listener_uncached(pid: int, port: int) -> bool:
     return port in _scan(pid)
 
 
+def holds_known_listener(pid: int, port: int) -> bool:
+    """`pid` holds the very listening socket on `port` that a scan found before: one `readlink`, no scan.
+    False says only that this quick check cannot tell (never scanned, or the descriptor names something
+    else now)."""
+    known = _HELD.get(pid << 16 | port)
+    if known is None:
+        return False
+    fd, inode = known & ((1 << FD_BITS) - 1), known >> FD_BITS
+    try:
+        return os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]"
+    except OSError:
+        return False
+
+
 def _scan(pid: int) -> dict[int, tuple[int, str]]:
     """Every port `pid` listens on itself: port -> (descriptor, socket inode)."""
     sockets: dict[str, int] = {}
@@ -146,13 +167,33 @@ def _listeners(table: Path) -> Iterator[tuple[int, str]]:
                 return
 
 
-def listener_refusal(ref: ProcessRef, *, port: int) -> str | None:
+def listener_refusal(ref: ProcessRef, *, port: int, now: float | None = None) -> str | None:
     """Why the listener on `port` is not known to be the recorded proxy process; None when it is: that
-    process runs, runs our forward proxy, and holds the listening socket itself (so nobody else can)."""
+    process runs, runs our forward proxy, and holds the listening socket itself (so nobody else can).
+
+    The service asks before every probe (1,000 a second at 10,000 proxies over a few shared listeners), and
+    reading the process's stat and command line each time was 7.5 % of its event loop. So once a process
+    passed every check, for IDENTITY_SECONDS after it a probe checks only that the process still holds the
+    remembered socket (one `readlink` of its descriptor). That alone cannot pass anybody else: a process
+    that is gone has no descriptors, and a later process given the same pid has no descriptor naming our
+    socket's inode (a socket's inode is its own while it exists). Whatever that quick check cannot confirm
+    goes through every check again, so a refusal and its reason come at once, as before."""
+    now = time.monotonic() if now is None else now
+    seen = _IDENTIFIED.get(ref.pid)
+    if (
+        seen is not None
+        and seen[0] == ref.start_time
+        and now - seen[1] < IDENTITY_SECONDS
+        and holds_known_listener(ref.pid, port)
+    ):
+        return None
     if not is_running(ref):
         return f"its process (pid {ref.pid}) is gone"
     if not runs_forward_proxy(ref.pid):
         return f"pid {ref.pid} now runs another program"
     if not holds_listener(ref.pid, port):
         return f"its process (pid {ref.pid}) does not listen on port {port}"
+    if len(_IDENTIFIED) >= MAX_IDENTITIES:
+        _IDENTIFIED.clear()  # bounded: processes come and go
+    _IDENTIFIED[ref.pid] = (ref.start_time, now)
     return None

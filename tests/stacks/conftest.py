@@ -21,7 +21,10 @@ def current_event_loop() -> asyncio.AbstractEventLoop:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
-            return asyncio.get_event_loop()
+            # kept here as well: a later `asyncio.run` unsets it, and a loop nobody holds is collected with
+            # its self-pipe socket open (a ResourceWarning that fails whichever test it lands in)
+            _session_loop = asyncio.get_event_loop()
+            return _session_loop
         except RuntimeError:
             pass
     if _session_loop is None or _session_loop.is_closed():
