@@ -4,8 +4,11 @@ The user is pushed to the proxy's control channel (`stacks/forward_proxy/control
 `control`: a unix socket of a `local` proxy, or `tcp://NAME:PORT` of proxy pods, where it goes to every
 address NAME resolves to, with the token of the proxy's own password: `control_targets.py`) before the
 lease is answered, and only once every one of them acknowledged, with the lease's ttl:
-the proxy ends it on its own at the lease's end, so a lost revoke cannot keep access alive. A renewal moves
-that end; a release revokes it; the sweeper revokes the users of leases this replica saw end by expiry.
+the proxy ends it on its own at the lease's end (and cuts its connections), so a lost revoke cannot keep
+access alive. A renewal moves that end; a release revokes it. The sweeper revokes the users of `tcp://`
+leases this replica saw end by expiry, which is when it forgets them as a follow round's work (below); a
+`local` proxy's leases are not swept: the proxy's own end comes first (the sweeper runs once a second) and
+keeping them cost a tuple each (5 MiB at 500 leases a second) and a lookup and a push at each end.
 
 Any replica can do each step: the user's name is derived from the lease id (`lease-<id>`), and the proxy
 key comes with the lease record, so a release on another replica than the one that leased revokes too. The
@@ -93,7 +96,7 @@ class LeaseUsers:
             call = self._client.call
         self._call = call
         self._resolve = resolve
-        self._ends: list[tuple[float, str]] = []  # (expires_at, lease id) of leases this replica touched
+        self._ends: list[tuple[float, str]] = []  # (expires_at, lease id) of its tcp:// leases
         self._issued: dict[str, dict[str, bytes]] = {}  # proxy -> lease id -> digest of its user's password
         self._reached: dict[str, set[tuple[str, str]]] = {}  # proxy -> (target, instance) holding them all
 
@@ -150,7 +153,8 @@ class LeaseUsers:
             await self._send(chan, {"op": "revoke", "user": user_of(lease.lease_id)}, lease=lease)
 
     async def sweep(self, *, now: float, lookup: Lookup) -> None:
-        """Revoke the users of leases that ended by expiry (a renewal elsewhere only moves them on)."""
+        """Revoke the users of `tcp://` leases that ended by expiry and forget them (a renewal elsewhere only
+        moves them on)."""
         while self._ends and self._ends[0][0] <= now:
             _, lease_id = heapq.heappop(self._ends)
             lease = await lookup(lease_id, now=now)
@@ -227,13 +231,13 @@ class LeaseUsers:
         return LeaseUser(username=user_of(lease.lease_id), password=self._new_password())
 
     async def _push(self, channel: Channel, *, op: str, lease: LeaseRecord, now: float, **extra: Any) -> bool:
-        """True when every listener acknowledged; the sweep remembers the lease once any did."""
+        """True when every listener acknowledged; the sweep remembers a `tcp://` lease once any did."""
         ttl = lease.expires_at - now
         if ttl <= 0:
             return False
         request = {"op": op, "user": user_of(lease.lease_id), "ttl": ttl, **extra}
         acknowledged = await self._send(channel, request, lease=lease)
-        if any(acknowledged):
+        if any(acknowledged) and channel.path.startswith(TCP):
             heapq.heappush(self._ends, (lease.expires_at, lease.lease_id))
         return bool(acknowledged) and all(acknowledged)
 

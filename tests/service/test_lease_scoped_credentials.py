@@ -149,17 +149,6 @@ def test_the_proxy_ends_a_lease_user_at_expiry_without_a_release_and_a_renewal_m
 
 
 @memory_only
-def test_the_service_revokes_a_lease_user_when_the_lease_expires(
-    start_api: ApiFactory, proxies: Make, site: Site
-) -> None:
-    api = start_api(inventory=proxies(1))
-    leased = lease(api, ttl=300)  # the proxy alone would keep it for five minutes
-    assert fetch(leased[0]["url"], site) == 200
-    api.clock.advance(301)  # the lease ended by the service's clock: its sweeper revokes
-    assert until(lambda: refused(leased[0]["url"], site))
-
-
-@memory_only
 def test_two_leases_get_two_users_and_one_release_ends_only_its_own(
     start_api: ApiFactory, proxies: Make, site: Site
 ) -> None:

@@ -1,6 +1,7 @@
 """The sweeper's decisions (service/discovery/lease_users.py) against the real memory store, with the
 proxy's control channel recorded: a lease renewed on another replica is moved on, not revoked; an expired
-or released one is revoked; a proxy that never acknowledged is not answered and not swept."""
+or released one is revoked; a proxy that never acknowledged is not answered and not swept; a `local`
+proxy's leases are not swept at all (the proxy ends each user itself, before a sweep could)."""
 
 from __future__ import annotations
 
@@ -33,11 +34,27 @@ class Channel:
         return {"ok": True}
 
 
-def setup(down: frozenset[str] = frozenset()) -> tuple[LeaseUsers, MemoryStore, Channel]:
+ADDRESSES = {"a": "10.0.0.1", "b": "10.0.0.2"}  # each proxy's one pod
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    return [ADDRESSES[host]]
+
+
+def setup(
+    down: frozenset[str] = frozenset(), *, local: bool = False
+) -> tuple[LeaseUsers, MemoryStore, Channel]:
+    """Proxies a and b, on `tcp://` channels (pods) or, `local`, on unix sockets."""
     inventory = Inventory()
-    inventory.replace_all([endpoint(n, control=f"/run/{n}.ctl") for n in ("a", "b")])
+    inventory.replace_all(
+        [endpoint(n, control=f"/run/{n}.ctl" if local else f"tcp://{n}:7000") for n in ("a", "b")]
+    )
     channel = Channel(down)
-    return LeaseUsers(inventory=inventory, enabled=True, call=channel), MemoryStore(), channel
+    return (
+        LeaseUsers(inventory=inventory, enabled=True, call=channel, resolve=resolve),
+        MemoryStore(),
+        channel,
+    )
 
 
 async def acquire(store: MemoryStore, *ids: str) -> list[Any]:
@@ -74,7 +91,7 @@ def test_the_sweep_revokes_ended_leases_and_moves_renewed_ones_on() -> None:
 
 def test_a_lease_whose_push_failed_gets_no_user_and_is_not_swept() -> None:
     async def scenario() -> tuple[dict[str, str], set[str], list[str], list[tuple[str, str]]]:
-        users, store, channel = setup(down=frozenset({"/run/b.ctl"}))
+        users, store, channel = setup(down=frozenset({"tcp://10.0.0.2:7000"}))
         leases = await acquire(store, "l1", "l2")
         issued, failed = await users.issue(leases, now=NOW)
         channel.sent.clear()
@@ -87,3 +104,19 @@ def test_a_lease_whose_push_failed_gets_no_user_and_is_not_swept() -> None:
     on_b = next(lease_id for lease_id, proxy in proxies.items() if proxy == "default/b")
     assert (issued, failed) == ({on_a}, [on_b])
     assert swept == [("revoke", f"lease-{on_a}")]
+
+
+def test_a_local_proxys_leases_are_neither_kept_for_the_sweep_nor_swept() -> None:
+    async def scenario() -> tuple[int, list[tuple[str, str]], list[tuple[str, str]]]:
+        users, store, channel = setup(local=True)
+        leases = await acquire(store, "l1", "l2")
+        await users.issue(leases, now=NOW)
+        await users.extend(leases[0], now=NOW + 30)
+        pushed = list(channel.sent)
+        channel.sent.clear()
+        await users.sweep(now=NOW + 1_000, lookup=store.get_lease)
+        return len(users._ends), pushed, channel.sent
+
+    kept, pushed, swept = asyncio.run(scenario())
+    assert sorted(pushed) == [("add", "lease-l1"), ("add", "lease-l2"), ("renew", "lease-l1")]
+    assert (kept, swept) == (0, [])

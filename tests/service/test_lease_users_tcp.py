@@ -127,6 +127,25 @@ def test_a_renewal_moves_the_end_on_every_pod(pods: Pods, site: int) -> None:
     assert [fetch(port, site, "lease-l1", password) for port in pods.proxy_ports] == [200, 200]
 
 
+def test_a_lease_ended_by_the_services_clock_is_revoked_on_every_pod_and_forgotten(
+    pods: Pods, site: int
+) -> None:
+    """The pods were told 60 s of their own clock; the service's clock says the lease has ended: its sweep
+    revokes the user on both and forgets it (a follow round has nothing of it to add to a new pod)."""
+    users, _ = lease_users(pods)
+
+    async def scenario() -> str:
+        store, lease = await one_lease()
+        issued, _ = await users.issue([lease], now=NOW)
+        assert users._issued == {"default/a": {"l1": users._issued["default/a"]["l1"]}}
+        await users.sweep(now=NOW + 61, lookup=store.get_lease)
+        return issued["l1"].password
+
+    password = asyncio.run(scenario())
+    assert [fetch(port, site, "lease-l1", password) for port in pods.proxy_ports] == [407, 407]
+    assert users._issued == {}
+
+
 @pytest.mark.parametrize(
     "resolved",
     [[], ["127.0.0.1", "127.0.0.3"]],
