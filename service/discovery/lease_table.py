@@ -8,10 +8,11 @@ Each lease is a slot: its fields sit in one list or array per field, and its id 
 leases a second with 60-s leases a replica keeps about 30,000 running leases and 20,000 ended ones. As a
 tuple per lease with two floats of its own in a lease book, plus a tuple in its client's dict of leases
 and one in its client's heap of ends, a lease cost about 290 bytes beside its id (traced, 30,000 running);
-here it costs the id's dict entry and slot number, 57 bytes of columns and, while it runs, one int in the
-heap of ends and one entry in its client's list: about 170 (operations.md, "What the memory store keeps
-of leases"). The id itself (81 bytes, the string the service made) is kept in both. A slot is reused once
-its lease is forgotten; the columns keep their largest size, as a dict does.
+here it costs 57 bytes of columns and, while it runs, one int in the heap of ends and one entry in its
+client's list. Its id is kept as its 16 bytes at its slot in `IdIndex` (`id_index.py`, about 26 bytes with
+its index) instead of a string, a dict entry and an int (about 170 bytes: 8.9 MiB at 50,000 kept leases,
+census run 27 in operations.md). A slot is reused once its lease is forgotten; the columns keep their
+largest size, as a dict does.
 
 Ends are exact: a heap of ints, each a lease's end in microseconds shifted left by SLOT_BITS with the
 slot in the low bits (one int, not a tuple of a float and an int); an entry whose slot no longer runs, or
@@ -31,6 +32,7 @@ from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
 
+from service.discovery.id_index import IdIndex
 from service.discovery.store import LeaseRecord
 
 LEASE_GRACE = 3600.0  # an ended lease is kept for late reports at most this long
@@ -55,8 +57,7 @@ class LeaseTable:
     def __init__(self, *, ended_kept: int = ENDED_KEPT, on_end: Callable[[str, str], None]) -> None:
         self.ended_kept = ended_kept
         self._on_end = on_end
-        self._slot: dict[str, int] = {}  # lease id -> slot
-        self._id: list[str | None] = []
+        self._slot = IdIndex()  # lease id -> slot
         self._client: list[str] = []
         self._target: list[str] = []
         self._proxy: list[str] = []
@@ -94,8 +95,8 @@ class LeaseTable:
 
     def active(self, client: str, *, now: float) -> list[str]:
         """The ids of the client's leases that run at `now`."""
-        ids = self._id
-        return [ids[slot] or "" for slot in self._running_slots(client) if self._expires[slot] > now]
+        id_of, expires = self._slot.id_of, self._expires
+        return [id_of(slot) for slot in self._running_slots(client) if expires[slot] > now]
 
     def oldest_handed(self, client: str) -> float | None:
         """When the client's oldest running lease was handed out (None: it has none). Every lease it took
@@ -123,7 +124,7 @@ class LeaseTable:
         """(leases running at `now`, ended leases still kept)."""
         state, expires = self._state, self._expires
         running = sum(
-            1 for slot in self._slot.values() if state[slot] & STATE == RUNNING and expires[slot] > now
+            1 for slot in self._slot.slots() if state[slot] & STATE == RUNNING and expires[slot] > now
         )
         return running, len(self._slot) - running
 
@@ -132,8 +133,7 @@ class LeaseTable:
     def taken(self, lease: LeaseRecord) -> None:
         """A new lease (running). Its id must be new."""
         slot = self._free.pop() if self._free else self._grow()
-        self._slot[lease.lease_id] = slot
-        self._id[slot] = lease.lease_id
+        self._slot.put(lease.lease_id, slot)
         self._client[slot] = lease.client
         self._target[slot] = lease.target
         self._proxy[slot] = lease.proxy
@@ -150,7 +150,9 @@ class LeaseTable:
 
     def released(self, lease_id: str, *, now: float) -> None:
         """A running lease released at `now`: ended from now on."""
-        slot = self._slot[lease_id]
+        slot = self._slot.get(lease_id)
+        if slot is None:
+            raise KeyError(lease_id)
         self._expires[slot] = now
         self._state[slot] |= RELEASED
         self._end(slot)
@@ -158,7 +160,9 @@ class LeaseTable:
 
     def renewed(self, lease_id: str, *, until: float) -> None:
         """A running lease now ends at `until`."""
-        slot = self._slot[lease_id]
+        slot = self._slot.get(lease_id)
+        if slot is None:
+            raise KeyError(lease_id)
         self._expires[slot] = until
         heapq.heappush(self._heap, (_micros(until) << SLOT_BITS) | slot)
         self._bound_heap()
@@ -237,14 +241,13 @@ class LeaseTable:
         state, expires = self._state, self._expires
         self._heap = [
             (_micros(expires[slot]) << SLOT_BITS) | slot
-            for slot in self._slot.values()
+            for slot in self._slot.slots()
             if state[slot] & STATE == RUNNING
         ]
         heapq.heapify(self._heap)
 
     def _grow(self) -> int:
         slot = len(self._state)
-        self._id.append(None)
         self._client.append("")
         self._target.append("")
         self._proxy.append("")
@@ -255,10 +258,7 @@ class LeaseTable:
         return slot
 
     def _free_slot(self, slot: int) -> None:
-        lease_id = self._id[slot]
-        if lease_id is not None:
-            del self._slot[lease_id]
-        self._id[slot] = None
+        self._slot.remove(slot)
         self._client[slot] = self._target[slot] = self._proxy[slot] = ""
         self._state[slot] = FREE
         self._generation[slot] = (self._generation[slot] + 1) % GENERATIONS
