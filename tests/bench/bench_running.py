@@ -21,7 +21,8 @@ libraries' pages) as it grows.
 
 BENCH_RUNNING (10000), BENCH_STACKS (20), BENCH_LEASE_RATE (500) over BENCH_CONNECTIONS (64), BENCH_WINDOW
 (30 s), BENCH_LEASE_WINDOW (BENCH_WINDOW's: 300 reaches the lease state's steady state for this load),
-BENCH_READY_WITHIN (2400 s), BENCH_IDLE_WITHIN (600 s: the windows wait for the engine host to exit), BENCH_ECHO (own), BENCH_STORE (memory; `redis`: the discovery store in a
+BENCH_READY_WITHIN (2400 s), BENCH_IDLE_WITHIN (600 s: the windows wait for the engine host to exit),
+BENCH_ECHO (own), BENCH_STORE (memory; `redis`: the discovery store in a
 redis-server this bench starts, as every multi-replica installation runs, its RSS and CPU printed beside
 the service's), BENCH_KEEP=1 keeps the working folder,
 BENCH_TRACEMALLOC=1 runs the service under tracemalloc and prints where its memory went (its RSS and CPU are
