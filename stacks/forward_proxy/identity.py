@@ -98,14 +98,9 @@ def holds_listener(pid: int, port: int) -> bool:
     reads that one descriptor and holds only while it still names that very socket (a listening socket
     keeps its port; closed, its descriptor names another inode or nothing, and the process is scanned
     again). One scan of a process fills in every port it listens on."""
-    key = pid << 16 | port
-    known = _HELD.get(key)
-    if known is not None:
-        fd, inode = known & ((1 << FD_BITS) - 1), known >> FD_BITS
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == f"socket:[{inode}]":
-                return True
-        del _HELD[key]
+    if holds_known_listener(pid, port):
+        return True
+    _HELD.pop(pid << 16 | port, None)  # gone or another socket now: scanned again
     held = _scan(pid)
     if len(_HELD) + len(held) > MAX_REMEMBERED:
         _HELD.clear()  # bounded: processes come and go
