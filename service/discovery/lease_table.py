@@ -8,36 +8,37 @@ Each lease is a slot: its fields sit in one list or array per field, and its id 
 leases a second with 60-s leases a replica keeps about 30,000 running leases and 20,000 ended ones. As a
 tuple per lease with two floats of its own in a lease book, plus a tuple in its client's dict of leases
 and one in its client's heap of ends, a lease cost about 290 bytes beside its id (traced, 30,000 running);
-here it costs 57 bytes of columns and, while it runs, one int in the heap of ends and one entry in its
+here it costs 57 bytes of columns and, while it runs, 12 bytes in the heap of ends and one entry in its
 client's list. Its id is kept as its 16 bytes at its slot in `IdIndex` (`id_index.py`, about 26 bytes with
 its index) instead of a string, a dict entry and an int (about 170 bytes: 8.9 MiB at 50,000 kept leases,
 census run 27 in operations.md). A slot is reused once its lease is forgotten; the columns keep their
 largest size, as a dict does.
 
-Ends are exact: a heap of ints, each a lease's end in microseconds shifted left by SLOT_BITS with the
-slot in the low bits (one int, not a tuple of a float and an int); an entry whose slot no longer runs, or
-runs to another end (renewed), is skipped when it comes up, and the heap is rebuilt from the running
-leases once such entries are most of it. Whoever keeps counts of running leases learns of each end
-(`on_end(client, proxy)`) when it is noticed: `expire(now)` notices every lease ended by `now`, in end
-order, at a cost of what ended. A client's running leases are a list of its slots in the order they were
-taken, each with the slot's generation (a slot reused since holds another lease, whoever took it): its
-oldest running lease is the first entry still valid (`oldest_handed`). Not locked: the memory store calls
-it under its own lock.
+Ends are exact: a heap of (end, slot) in two arrays (`slot_queues.EndHeap`), an entry pushed for each
+lease taken and each renewal; an entry whose slot no longer runs, or runs to a later end (renewed), is
+skipped when it comes up, and the heap is rebuilt from the running leases once such entries are most of
+it. The ended slots wait to be forgotten in a `SlotRing`. Whoever keeps state for running leases learns
+of each end (`on_end(client, target, proxy, end)`) when it is noticed: `expire(now)` notices every lease
+ended by `now`, in end order, at a cost of what ended. A client's running leases are a list of its slots
+in the order they were taken, each with the slot's generation (a slot reused since holds another lease,
+whoever took it): its oldest running lease is the first entry still valid (`oldest_handed`). Not locked:
+the memory store calls it under its own lock.
 """
 
 from __future__ import annotations
 
-import heapq
 from array import array
-from collections import deque
 from collections.abc import Callable, Iterator
 
 from service.discovery.id_index import IdIndex
+from service.discovery.slot_queues import EndHeap, SlotRing
 from service.discovery.store import LeaseRecord
 
 LEASE_GRACE = 3600.0  # an ended lease is kept for late reports at most this long
 ENDED_KEPT = 20_000  # and only while it is among this many latest ended
-SLOT_BITS = 32  # a heap entry's low bits: the slot (4 billion leases kept at once is far past any replica)
+SLOT_BITS = (
+    32  # a client's list entry's low bits: the slot (4 billion leases at once is far past any replica)
+)
 SLOT_MASK = (1 << SLOT_BITS) - 1
 GENERATIONS = 1 << 31  # a slot's generation, beside it in a client's list (a signed 64-bit entry)
 HEAP_SLACK = 1024  # stale heap entries allowed beyond one per running lease before a rebuild
@@ -49,12 +50,10 @@ STATE = 3
 RELEASED, BANNED = 4, 8  # flags beside the state
 
 
-def _micros(at: float) -> int:
-    return round(at * 1_000_000)
-
-
 class LeaseTable:
-    def __init__(self, *, ended_kept: int = ENDED_KEPT, on_end: Callable[[str, str], None]) -> None:
+    def __init__(
+        self, *, ended_kept: int = ENDED_KEPT, on_end: Callable[[str, str, str, float], None]
+    ) -> None:
         self.ended_kept = ended_kept
         self._on_end = on_end
         self._slot = IdIndex()  # lease id -> slot
@@ -66,14 +65,14 @@ class LeaseTable:
         self._state = bytearray()
         self._generation = array("l")  # how many leases the slot held before its current one
         self._free: list[int] = []
-        self._heap: list[int] = []  # (end in microseconds << SLOT_BITS) | slot, for running leases
+        self._heap = EndHeap()  # (end, slot) for the running leases (and some stale entries)
         self._running = 0
         # client -> its running slots, in the order taken, each `slot | generation << SLOT_BITS` (and some
         # entries no longer valid); and where in that list the first valid entry may be
         self._of_client: dict[str, array[int]] = {}
         self._front: dict[str, int] = {}
         self._running_of: dict[str, int] = {}  # client -> how many of its leases run
-        self._ended: deque[int] = deque()  # ended slots, in the order their end was noticed
+        self._ended = SlotRing()  # ended slots, in the order their end was noticed
 
     # --- reading
 
@@ -140,7 +139,7 @@ class LeaseTable:
         self._handed[slot] = lease.handed_at
         self._expires[slot] = lease.expires_at
         self._state[slot] = RUNNING
-        heapq.heappush(self._heap, (_micros(lease.expires_at) << SLOT_BITS) | slot)
+        self._heap.push(lease.expires_at, slot)
         self._running += 1
         slots = self._of_client.get(lease.client)
         if slots is None:
@@ -164,7 +163,7 @@ class LeaseTable:
         if slot is None:
             raise KeyError(lease_id)
         self._expires[slot] = until
-        heapq.heappush(self._heap, (_micros(until) << SLOT_BITS) | slot)
+        self._heap.push(until, slot)
         self._bound_heap()
 
     def mark_banned(self, lease_id: str) -> str | None:
@@ -178,24 +177,17 @@ class LeaseTable:
     def expire(self, now: float) -> None:
         """Notice every running lease that ended by `now` (its end is then reported to `on_end`)."""
         heap, state, expires = self._heap, self._state, self._expires
-        limit = _micros(now)
-        later: list[int] = []  # running past `now` by less than the microsecond both round to
-        while heap and heap[0] >> SLOT_BITS <= limit:
-            key = heapq.heappop(heap)
-            slot = key & SLOT_MASK
-            if state[slot] & STATE == RUNNING and _micros(expires[slot]) == key >> SLOT_BITS:
-                if expires[slot] > now:  # entries behind it in the heap may still have ended
-                    later.append(key)
-                else:
-                    self._end(slot)
-            # else: a lease renewed since, or one that ended otherwise (released): a stale entry
-        for key in later:
-            heapq.heappush(heap, key)
+        while heap and heap.first()[0] <= now:
+            slot = heap.pop()[1]
+            if state[slot] & STATE == RUNNING and expires[slot] <= now:
+                self._end(slot)
+            # else: a lease renewed since (its new end has an entry of its own), or one that ended
+            # otherwise (released): a stale entry. A slot reused since is ended only once it ends.
 
     def forget(self, now: float) -> None:
         """Forget ended leases past the bound or ended over LEASE_GRACE ago (the oldest ended first)."""
         ended, expires = self._ended, self._expires
-        while ended and (len(ended) > self.ended_kept or expires[ended[0]] + LEASE_GRACE <= now):
+        while ended and (len(ended) > self.ended_kept or expires[ended.first()] + LEASE_GRACE <= now):
             self._free_slot(ended.popleft())
 
     def sweep(self, now: float) -> None:
@@ -219,7 +211,7 @@ class LeaseTable:
             del self._running_of[client], self._of_client[client]
             self._front.pop(client, None)
         self._ended.append(slot)
-        self._on_end(client, self._proxy[slot])
+        self._on_end(client, self._target[slot], self._proxy[slot], self._expires[slot])
 
     def _valid(self, entry: int) -> bool:
         """Is this entry of a client's list a running lease (not one that ended, or a slot reused since)?"""
@@ -239,12 +231,9 @@ class LeaseTable:
 
     def _rebuild_heap(self) -> None:
         state, expires = self._state, self._expires
-        self._heap = [
-            (_micros(expires[slot]) << SLOT_BITS) | slot
-            for slot in self._slot.slots()
-            if state[slot] & STATE == RUNNING
-        ]
-        heapq.heapify(self._heap)
+        self._heap.rebuild(
+            (expires[slot], slot) for slot in self._slot.slots() if state[slot] & STATE == RUNNING
+        )
 
     def _grow(self) -> int:
         slot = len(self._state)

@@ -29,7 +29,10 @@ step = st.one_of(
 
 def kept(ended_kept: int = 20_000) -> tuple[MemoryHoldings, LeaseTable]:
     holdings = MemoryHoldings()
-    return holdings, LeaseTable(ended_kept=ended_kept, on_end=holdings.ended)
+    table = LeaseTable(
+        ended_kept=ended_kept, on_end=lambda client, _t, proxy, _e: holdings.ended(client, proxy)
+    )
+    return holdings, table
 
 
 def took(
