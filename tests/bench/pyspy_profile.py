@@ -25,6 +25,7 @@ IDLE = (
     "Runner.run (asyncio/runners.py",
     "run_until_complete",
 )
+WAITS = (*IDLE, ".wait (threading.py", "_worker (concurrent/futures/thread.py")  # a thread's own waits
 TOP = 15
 
 
@@ -58,7 +59,9 @@ def summary(raw: str, threads: int = 2) -> str:
         thread, *frames = frames_text.split(";")
         stacks[thread.split(": ", 1)[-1]].append((frames, int(count)))
     lines: list[str] = []
-    ranked = sorted(stacks.items(), key=lambda item: -sum(n for _, n in item[1]))
+    # with --idle every thread has as many samples as the others: the event loop's thread first, then the
+    # threads by their samples outside a wait (a loop's, a lock's or a work queue's)
+    ranked = sorted(stacks.items(), key=lambda item: (not _runs_the_loop(item[1]), -_busy(item[1])))
     for thread, samples in ranked[:threads]:
         total = sum(n for _, n in samples)
         idle = sum(n for frames, n in samples if frames and any(frames[-1].startswith(i) for i in IDLE))
@@ -76,3 +79,13 @@ def summary(raw: str, threads: int = 2) -> str:
         lines.append("  at the top of the stack (self):")
         lines += [f"    {n / total:6.1%}  {name}" for name, n in own.most_common(TOP)]
     return "\n".join(lines)
+
+
+def _runs_the_loop(samples: list[tuple[list[str], int]]) -> bool:
+    return any(
+        frame.startswith(("Runner.run", "run_until_complete")) for frames, _ in samples for frame in frames
+    )
+
+
+def _busy(samples: list[tuple[list[str], int]]) -> int:
+    return sum(n for frames, n in samples if frames and not any(w in frames[-1] for w in WAITS))
