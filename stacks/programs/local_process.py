@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from stacks.forward_proxy.identity import MODULE, ProcessRef, holds_listener, is_running, start_time
+from stacks.forward_proxy.loop import SCHED_ENV
 from stacks.forward_proxy.shared_listener import FLAG as SHARED_FLAG
 
 READY_TIMEOUT = 15.0
@@ -53,6 +54,7 @@ def child_environment() -> dict[str, str]:
         "PYTHONPATH": PACKAGE_ROOT,  # `stacks` importable from any working directory
         "PYTHONUNBUFFERED": "1",  # the log shows the proxy's lines as they happen
         "LANG": "C.UTF-8",
+        SCHED_ENV: "batch",  # not to preempt the service that wakes it (stacks/forward_proxy/loop.py)
     }
 
 

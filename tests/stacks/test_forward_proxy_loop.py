@@ -1,5 +1,7 @@
 """The forward proxy's process runs on uvloop where it is installed (it is here: uvicorn's loop), on
-asyncio's loop when PROXY_OPERATOR_PROXY_LOOP=asyncio asks, and relays the same either way."""
+asyncio's loop when PROXY_OPERATOR_PROXY_LOOP=asyncio asks, and relays the same either way; a process the
+`local` provider starts runs under SCHED_BATCH (it does not preempt the service that wakes it), any other
+as it comes."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from stacks.forward_proxy.loop import LOOP_ENV, loop_factory
+from stacks.forward_proxy.loop import LOOP_ENV, SCHED_ENV, loop_factory
+from stacks.programs import local_process
 from tests.ports import free_port
 from tests.security.loopback_site import serve_page
 
@@ -26,6 +29,7 @@ def _uvloop_loaded(pid: int) -> bool:
 
 @pytest.mark.parametrize("asked", ["uvloop", "asyncio"])
 def test_the_proxy_process_runs_on_the_loop_asked_for_and_relays(tmp_path: Path, asked: str) -> None:
+    """Started by hand (as in a pod or a VM), without SCHED_ENV: the normal scheduling policy."""
     port = free_port()
     config = tmp_path / "proxy.json"
     egress = {"allow": [{"cidr": "127.0.0.1/32"}]}
@@ -43,6 +47,8 @@ def test_the_proxy_process_runs_on_the_loop_asked_for_and_relays(tmp_path: Path,
                 assert time.monotonic() < deadline, "the proxy did not listen"
                 time.sleep(0.05)
         assert _uvloop_loaded(proxy.pid) is (asked == "uvloop")
+        assert SCHED_ENV not in env
+        assert os.sched_getscheduler(proxy.pid) == os.SCHED_OTHER
         with (
             serve_page(b"relayed") as site,
             httpx.Client(proxy=f"http://127.0.0.1:{port}", timeout=10) as client,
@@ -61,3 +67,19 @@ def test_the_loop_factory_follows_the_environment(monkeypatch: pytest.MonkeyPatc
     assert loop_factory() is uvloop.new_event_loop
     monkeypatch.setenv(LOOP_ENV, "asyncio")
     assert loop_factory() is None
+
+
+def test_a_process_the_local_provider_starts_runs_under_sched_batch(tmp_path: Path) -> None:
+    """The shared listener as the `local` provider starts it (its environment, posix_spawn), for real."""
+    control = str(tmp_path / "control.sock")
+    ref = local_process.spawn(local_process.shared_command(control), log_path=tmp_path / "listener.log")
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(control).exists():  # listening: past `schedule()`, which runs first
+            assert local_process.is_running(ref), (tmp_path / "listener.log").read_text()
+            assert time.monotonic() < deadline, "the listener did not start"
+            time.sleep(0.05)
+        assert os.sched_getscheduler(ref.pid) == os.SCHED_BATCH
+        assert "refused" not in (tmp_path / "listener.log").read_text()
+    finally:
+        local_process.stop(ref, grace=2)
