@@ -36,9 +36,8 @@ from service.discovery.store import LeaseRecord
 
 LEASE_GRACE = 3600.0  # an ended lease is kept for late reports at most this long
 ENDED_KEPT = 20_000  # and only while it is among this many latest ended
-SLOT_BITS = (
-    32  # a client's list entry's low bits: the slot (4 billion leases at once is far past any replica)
-)
+# a client's list entry's low bits: the slot (4 billion leases at once is far past any replica)
+SLOT_BITS = 32
 SLOT_MASK = (1 << SLOT_BITS) - 1
 GENERATIONS = 1 << 31  # a slot's generation, beside it in a client's list (a signed 64-bit entry)
 HEAP_SLACK = 1024  # stale heap entries allowed beyond one per running lease before a rebuild

@@ -64,11 +64,10 @@ class EndHeap:
         while at > start:
             parent = (at - 1) >> 1
             parent_end = ends[parent]
-            if end < parent_end or (end == parent_end and slot < slots[parent]):
-                ends[at], slots[at] = parent_end, slots[parent]
-                at = parent
-                continue
-            break
+            if end > parent_end or (end == parent_end and slot >= slots[parent]):
+                break
+            ends[at], slots[at] = parent_end, slots[parent]
+            at = parent
         ends[at], slots[at] = end, slot
 
     def _sift_up(self, at: int) -> None:
@@ -96,9 +95,6 @@ class SlotRing:
 
     def __len__(self) -> int:
         return len(self._slots) - self._front
-
-    def __bool__(self) -> bool:
-        return len(self._slots) > self._front
 
     def first(self) -> int:
         """The slot put in longest ago (the ring must not be empty)."""
