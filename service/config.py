@@ -124,6 +124,12 @@ class OperatorSettings(BaseSettings):
         description="Every this often, one full garbage collection, then what survived is frozen out of "
         "later collections (service/gc_tuning.py); 0: CPython's collector as it comes.",
     )
+    loop_stall_seconds: float = Field(
+        0.5,
+        ge=0,
+        description="When the event loop runs this many seconds late, a warning says where its thread and "
+        "the busy threads were (service/loop_stalls.py; at most one every 10 s); 0: off.",
+    )
     access_log: Literal["all", "api", "off"] = Field(
         "api",
         description="Which requests get an access-log line: all; api (all but the probes' /v1/echo and "

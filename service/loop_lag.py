@@ -29,6 +29,7 @@ class LoopLag:
     ) -> None:
         self.every = every
         self._clock = clock
+        self.last_wake = clock()  # the loop's heartbeat (loop_stalls.py watches it)
         self.histogram = Histogram(
             "proxy_operator_event_loop_lag_seconds",
             f"How much later than due a {every * 1000:g} ms sleep on the event loop woke up.",
@@ -41,4 +42,5 @@ class LoopLag:
         while True:
             due = self._clock() + self.every
             await asyncio.sleep(self.every)
-            self.histogram.observe(max(0.0, self._clock() - due))
+            self.last_wake = self._clock()
+            self.histogram.observe(max(0.0, self.last_wake - due))

@@ -40,6 +40,7 @@ from service.kube.client import api_client
 from service.kube.settings import KubeSettings
 from service.logging_setup import access_log
 from service.loop_lag import LoopLag
+from service.loop_stalls import StallWatch
 from service.memory import trim_periodically
 from service.pools.wiring import attach_discovery
 from service.runner import build_controller
@@ -69,6 +70,7 @@ class Service:
     listener: socket.socket  # bound by build_service; uvicorn serves on it and closes it
     prober: Supervised  # the health engine's run, restarted if it ever fails
     lag: LoopLag | None = None  # the event loop's lag on /metrics (service/loop_lag.py)
+    stalls: StallWatch | None = None  # where the loop was when it ran late (service/loop_stalls.py)
     trim_seconds: float = 0.0  # free C heap pages given back this often (service/memory.py); 0: never
     gc_seconds: float = 0.0  # settled objects frozen out of the collector this often (gc_tuning.py); 0: never
     gc_metrics: gc_tuning.SettleMetrics | None = None  # each settle's pause on /metrics
@@ -214,6 +216,7 @@ def _assemble(
         lifespan="on",
         proxy_headers=False,  # /v1/echo must report the peer (the egress IP), never a forwarded header
     )
+    lag = LoopLag(registry)
     return Service(
         controller=controller,
         health=health,
@@ -221,11 +224,18 @@ def _assemble(
         server=ApiServer(config),
         listener=listener,
         prober=prober,
-        lag=LoopLag(registry),
+        lag=lag,
+        stalls=_stall_watch(registry, lag, settings.loop_stall_seconds),
         trim_seconds=settings.malloc_trim_seconds,
         gc_seconds=settings.gc_settle_seconds,
         gc_metrics=gc_tuning.SettleMetrics(registry),
     )
+
+
+def _stall_watch(registry: CollectorRegistry, lag: LoopLag, threshold: float) -> StallWatch | None:
+    if threshold <= 0:
+        return None
+    return StallWatch(registry, threshold=threshold, period=lag.every, beat=lambda: lag.last_wake)
 
 
 class ApiServer(uvicorn.Server):
@@ -256,6 +266,8 @@ async def serve(service: Service) -> None:
         service.prober.run() if isinstance(service.controller, Controller) else stop.wait(), name="prober"
     )
     lag = asyncio.create_task(service.lag.run() if service.lag else stop.wait(), name="loop-lag")
+    if service.stalls is not None:
+        service.stalls.start()
     trim = asyncio.create_task(trim_periodically(service.trim_seconds), name="malloc-trim")
     on_settle = service.gc_metrics.observe if service.gc_metrics else None
     gc_tuning.tune(service.gc_seconds, on_settle)
@@ -275,6 +287,8 @@ async def serve(service: Service) -> None:
         trim.cancel()
         settle.cancel()
         await asyncio.gather(prober, lag, trim, settle, return_exceptions=True)
+        if service.stalls is not None:
+            service.stalls.stop()
         await control
         await service.controller.close()
         log.info("stopped cleanly")

@@ -28,7 +28,9 @@ NEVER = float("-inf")  # the stamp of a proxy never handed out
 class HandOutOrder:
     def __init__(self) -> None:
         self._slots: list[str | None] = []
-        self._jump: list[int] = []  # for a hole: a position after it, at or before the next proxy
+        # for a hole: a position after it, at or before the next proxy (an array: as a list of ints, each
+        # an object of its own, it was 0.45 MiB of the store at 500 leases a second)
+        self._jump = array("q")
         self._position: dict[str, int] = {}
         self._stamp = array("d")  # per slot: when it was filled (ascending)
         self._last = NEVER
@@ -105,6 +107,6 @@ class HandOutOrder:
     def _rebuild(self, keys: list[str], stamps: list[float]) -> None:
         self._slots = list(keys)
         self._stamp = array("d", stamps)
-        self._jump = list(range(len(keys)))
+        self._jump = array("q", range(len(keys)))
         self._position = {key: i for i, key in enumerate(keys)}
         self.epoch += 1

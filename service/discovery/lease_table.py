@@ -62,7 +62,7 @@ class LeaseTable:
         self._handed = array("d")
         self._expires = array("d")
         self._state = bytearray()
-        self._generation = array("l")  # how many leases the slot held before its current one
+        self._generation = array("i")  # how many leases the slot held before its current one (< 2**31)
         self._free: list[int] = []
         self._heap = EndHeap()  # (end, slot) for the running leases (and some stale entries)
         self._running = 0

@@ -30,6 +30,8 @@ then the tracer's too; BENCH_TRACE_FRAMES, 8, frames kept per allocation), BENCH
 the service's objects by what holds them at the end (tests/bench/census.py, with the modules it loaded),
 BENCH_PYSPY (a py-spy binary, from PyPI) samples the service's threads for the lease window's first
 BENCH_PYSPY_SECONDS (120) and prints where its event loop spent them (tests/bench/pyspy_profile.py),
+BENCH_STALL_SECONDS (0.1: the service's `loop_stall_seconds`; each window prints its stalls and where the
+loop was, from the service's log: tests/bench/stall_log.py),
 BENCH_SERVICE_ENV (a JSON object) adds to the service's environment only (to compare an allocator:
 `{"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "PYTHONMALLOC": "malloc"}`). About 15-20
 minutes at 10,000.
@@ -63,6 +65,7 @@ from kubernetes.client import ApiClient  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 
 from service.kube.client import request_json  # noqa: E402
+from tests.bench import stall_log  # noqa: E402
 from tests.bench.bench_incluster import (  # noqa: E402
     CENSUS,
     NAMESPACE,
@@ -223,6 +226,7 @@ def window(
     cpu = {name: cpu_of(pids) for name, pids in groups.items()}
     own = time.process_time()
     lag, probed, started = lag_buckets(url), probes(url), time.monotonic()
+    logged = stall_log.log_size(svc.log)
     rss = [_rss_mib(svc.process.pid)]
     load = paced_leases(port, token, rate=rate, connections=CONNECTIONS)
     profile = (
@@ -252,6 +256,7 @@ def window(
     for name, value in used.items():
         print(f"  CPU {name:34s} {value:4.2f} s/s")
     print(f"  CPU in all                                {sum(used.values()):4.2f} s/s (of 2 cores)")
+    print("\n".join(stall_log.summary(svc.log, logged)))
 
 
 def run(tmp: Path) -> None:
@@ -275,6 +280,7 @@ def run(tmp: Path) -> None:
             "PROXY_OPERATOR_KUBE_LEASE_NAME": "bench-running",
             "PROXY_OPERATOR_HEALTH_INTERVAL_SECONDS": "10",
             "PROXY_OPERATOR_HEALTH_HEALTHY_THRESHOLD": "1",
+            "PROXY_OPERATOR_LOOP_STALL_SECONDS": os.environ.get("BENCH_STALL_SECONDS", "0.1"),
         }
         name = "bench-full" if TRACEMALLOC else "bench-running"  # bench_incluster traces "bench-full"
         with contextlib.ExitStack() as stack:

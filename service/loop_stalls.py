@@ -1,0 +1,156 @@
+"""What held the event loop: when it runs late by `threshold` seconds, where its thread (and the others) were.
+
+The lag histogram (loop_lag.py) says how often the loop ran late and by how much, not why: a lease that
+waits 200 ms behind a stall cannot tell which part of the service held the loop. A watcher thread looks at
+the loop's heartbeat (the lag task's last wake-up) every quarter `threshold`; while the beat is older than
+its period plus `threshold`, it takes the stack of the loop's thread and the innermost frame of every other
+thread that is not waiting (`sys._current_frames`). Once the loop beats again, a warning names the stalls'
+lengths, the loop's most sampled stacks and the busy threads:
+
+    event loop held 1 time(s) since the last warning, longest 240 ms, 240 ms in all; loop at (samples):
+    _pass (health/engine.py:88) < ... (3x); busy threads: watch catalogue in _parse (kube/watch.py:140) (1x)
+
+At most one warning every REPORT_EVERY seconds: the stalls in between go into the next one, with their
+samples. Every stall is counted on /metrics (`proxy_operator_event_loop_stalls_total`). What it cannot
+tell apart: a loop thread busy in Python, one waiting for the GIL held by a busy thread (that thread is
+then among the busy ones), and a process the kernel did not run (the stack is then wherever it was
+stopped, and the watcher itself ran late).
+
+Costs a thread's wake-up four times per `threshold` (20 a second at 0.2 s) and nothing on the loop;
+`loop_stall_seconds` sets the threshold, 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+
+from prometheus_client import CollectorRegistry, Counter
+
+log = logging.getLogger(__name__)
+
+REPORT_EVERY = 10.0  # seconds between two warnings at most
+DEPTH = 8  # frames of the loop's stack in a warning
+TOP = 3  # stacks in a warning
+# a thread whose innermost frame is one of these waits (a lock, a socket, a sleep): not busy
+WAITING = frozenset(
+    {"wait", "_wait_for_tstate_lock", "select", "poll", "recv", "recv_into", "read", "readinto", "accept",
+     "sleep", "get", "_worker", "readline", "acquire", "run_forever", "epoll"}
+)  # fmt: skip
+
+
+_HANDLE_RUN = asyncio.Handle._run.__code__
+
+
+def _where(frame: FrameType) -> str:
+    code = frame.f_code
+    path = code.co_filename.replace("\\", "/").split("/")
+    return f"{code.co_name} ({'/'.join(path[-2:])}:{frame.f_lineno})"
+
+
+def stack_of(frame: FrameType | None, depth: int = DEPTH) -> str:
+    """`frame` and its callers, innermost first: `f (dir/file.py:12) < g (dir/file.py:40) < ...`, up to the
+    callback the loop runs (asyncio's `Handle._run` and the loop's own frames are the same in every stall)."""
+    found: list[str] = []
+    while frame is not None and len(found) < depth:
+        if frame.f_code is _HANDLE_RUN:
+            break
+        found.append(_where(frame))
+        frame = frame.f_back
+    return " < ".join(found) or "(no frame)"
+
+
+class StallWatch:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        threshold: float,
+        period: float,
+        beat: Callable[[], float],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`beat()`: when the loop last woke its lag task (`clock`'s time), which wakes every `period`."""
+        self.threshold = threshold
+        self._period = period
+        self._beat = beat
+        self._clock = clock
+        self.stalls = Counter(
+            "proxy_operator_event_loop_stalls",
+            f"Times the event loop ran at least loop_stall_seconds ({threshold:g} s) late; each is logged "
+            "with where the loop's thread was (at most one warning every 10 s).",
+            registry=registry,
+        )
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop_thread = 0
+        self._started = float("-inf")
+        self._stall_from: float | None = None  # the beat the current stall followed
+        self._loop_stacks: collections.Counter[str] = collections.Counter()
+        self._busy: collections.Counter[str] = collections.Counter()
+        self._held: list[float] = []  # the stalls since the last warning, seconds each
+        self._reported = float("-inf")
+
+    def start(self) -> None:
+        """From the loop's thread (whose stack is the one sampled)."""
+        self._loop_thread = threading.get_ident()
+        self._started = self._clock()  # a beat from before the start is no stall of the loop's
+        self._thread = threading.Thread(target=self._run, name="loop-stall-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.threshold / 4):
+            self.check()
+
+    def check(self) -> None:
+        """One look at the heartbeat: sample while the loop is late, report once it beats again."""
+        beat, now = max(self._beat(), self._started), self._clock()
+        if now - beat >= self._period + self.threshold:
+            if self._stall_from is None:
+                self._stall_from = beat
+            self._sample()
+        elif self._stall_from is not None and beat > self._stall_from:
+            self._report(held=beat - self._stall_from - self._period, now=now)
+
+    def _sample(self) -> None:
+        for ident, frame in sys._current_frames().items():
+            if ident == self._loop_thread:
+                self._loop_stacks[stack_of(frame)] += 1
+            elif ident != threading.get_ident() and frame.f_code.co_name not in WAITING:
+                self._busy[f"{_thread_name(ident)} in {_where(frame)}"] += 1
+
+    def _report(self, *, held: float, now: float) -> None:
+        self.stalls.inc()
+        self._stall_from = None
+        self._held.append(held)
+        if now - self._reported < REPORT_EVERY:
+            return  # its samples go into the next warning's
+        loop_at = "; ".join(f"{stack} ({n}x)" for stack, n in self._loop_stacks.most_common(TOP)) or "none"
+        busy = "; ".join(f"{where} ({n}x)" for where, n in self._busy.most_common(TOP)) or "none"
+        log.warning(
+            "event loop held %d time(s) since the last warning, longest %.0f ms, %.0f ms in all; "
+            "loop at (samples): %s; busy threads: %s",
+            len(self._held), max(self._held) * 1000, sum(self._held) * 1000, loop_at, busy,
+        )  # fmt: skip
+        self._reported = now
+        self._held.clear()
+        self._loop_stacks.clear()
+        self._busy.clear()
+
+
+def _thread_name(ident: int) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return str(ident)
