@@ -4,19 +4,21 @@ The lag histogram (loop_lag.py) says how often the loop ran late and by how much
 waits 200 ms behind a stall cannot tell which part of the service held the loop. A watcher thread looks at
 the loop's heartbeat (the lag task's last wake-up) every quarter `threshold`; while the beat is older than
 its period plus `threshold`, it takes the stack of the loop's thread and the innermost frame of every other
-thread that is not waiting (`sys._current_frames`). Once the loop beats again, a warning names the stalls'
-lengths, the loop's most sampled stacks and the busy threads:
+thread the kernel has running or runnable (`sys._current_frames`, /proc's thread states). Once the loop
+beats again, a warning names the stalls' lengths, how much of them the loop's thread spent on a CPU and
+waiting for one (the kernel's schedstat), its most sampled stacks and the busy threads:
 
-    event loop held 1 time(s) since the last warning, longest 240 ms, 240 ms in all; loop at (samples):
-    _pass (health/engine.py:88) < ... (3x); busy threads: watch catalogue in _parse (kube/watch.py:140) (1x)
+    event loop held 1 time(s) since the last warning, longest 240 ms, 240 ms in all (its thread on a CPU
+    230 ms, waiting for one 4 ms); loop at (samples): _pass (health/engine.py:88) < ... (3x); busy threads:
+    none
+
+So a stall reads one of three ways: its thread on a CPU for most of it (the stack says in what); waiting
+for a CPU (other processes had the cores); neither (asleep: the GIL held by a busy thread, which is then
+listed, or a blocking call on the loop).
 
 At most one warning every REPORT_EVERY seconds: the stalls in between go into the next one, with their
-samples. Every stall is counted on /metrics (`proxy_operator_event_loop_stalls_total`). What it cannot
-tell apart: a loop thread busy in Python, one waiting for the GIL held by a busy thread (that thread is
-then among the busy ones), and a process the kernel did not run (the stack is then wherever it was
-stopped, and the watcher itself ran late).
-
-Costs a thread's wake-up four times per `threshold` (20 a second at 0.2 s) and nothing on the loop;
+samples. Every stall is counted on /metrics (`proxy_operator_event_loop_stalls_total`). Costs a thread's
+wake-up and one /proc read four times per `threshold` (8 a second at 0.5 s), nothing on the loop;
 `loop_stall_seconds` sets the threshold, 0 turns it off.
 """
 
@@ -29,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 
 from prometheus_client import CollectorRegistry, Counter
@@ -38,14 +41,14 @@ log = logging.getLogger(__name__)
 REPORT_EVERY = 10.0  # seconds between two warnings at most
 DEPTH = 8  # frames of the loop's stack in a warning
 TOP = 3  # stacks in a warning
-# a thread whose innermost frame is one of these waits (a lock, a socket, a sleep): not busy
-WAITING = frozenset(
-    {"wait", "_wait_for_tstate_lock", "select", "poll", "recv", "recv_into", "read", "readinto", "accept",
-     "sleep", "get", "_worker", "readline", "acquire", "run_forever", "epoll"}
+# where a stack stops: the loop's own frames (asyncio's, or the runner's frame under uvloop's C loop), the
+# same in every stall
+_LOOP_CODES = frozenset(
+    {asyncio.Handle._run.__code__, asyncio.Runner.run.__code__,
+     asyncio.BaseEventLoop.run_forever.__code__, asyncio.BaseEventLoop.run_until_complete.__code__,
+     asyncio.BaseEventLoop._run_once.__code__}
 )  # fmt: skip
-
-
-_HANDLE_RUN = asyncio.Handle._run.__code__
+TASKS = Path("/proc/self/task")
 
 
 def _where(frame: FrameType) -> str:
@@ -59,7 +62,7 @@ def stack_of(frame: FrameType | None, depth: int = DEPTH) -> str:
     callback the loop runs (asyncio's `Handle._run` and the loop's own frames are the same in every stall)."""
     found: list[str] = []
     while frame is not None and len(found) < depth:
-        if frame.f_code is _HANDLE_RUN:
+        if frame.f_code in _LOOP_CODES:
             break
         found.append(_where(frame))
         frame = frame.f_back
@@ -95,11 +98,17 @@ class StallWatch:
         self._loop_stacks: collections.Counter[str] = collections.Counter()
         self._busy: collections.Counter[str] = collections.Counter()
         self._held: list[float] = []  # the stalls since the last warning, seconds each
+        self._loop_tid = 0
+        # the loop thread's (time, on-CPU ns, runqueue ns) at the last looks, for a stall's start
+        self._sched: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=64)
+        self._stall_sched: tuple[int, int] | None = None  # the loop's reading before the current stall
+        self._cpu = [0, 0]  # the loop thread's on-CPU and runqueue ns in the stalls since the last warning
         self._reported = float("-inf")
 
     def start(self) -> None:
         """From the loop's thread (whose stack is the one sampled)."""
         self._loop_thread = threading.get_ident()
+        self._loop_tid = threading.get_native_id()
         self._started = self._clock()  # a beat from before the start is no stall of the loop's
         self._thread = threading.Thread(target=self._run, name="loop-stall-watch", daemon=True)
         self._thread.start()
@@ -116,19 +125,32 @@ class StallWatch:
     def check(self) -> None:
         """One look at the heartbeat: sample while the loop is late, report once it beats again."""
         beat, now = max(self._beat(), self._started), self._clock()
+        sched = _schedstat(self._loop_tid)
         if now - beat >= self._period + self.threshold:
             if self._stall_from is None:
                 self._stall_from = beat
+                before = [(cpu, wait) for at, cpu, wait in self._sched if at <= beat]
+                self._stall_sched = before[-1] if before else None
             self._sample()
         elif self._stall_from is not None and beat > self._stall_from:
+            if sched is not None and self._stall_sched is not None:
+                self._cpu[0] += sched[0] - self._stall_sched[0]
+                self._cpu[1] += sched[1] - self._stall_sched[1]
             self._report(held=beat - self._stall_from - self._period, now=now)
+        if sched is not None:
+            self._sched.append((now, *sched))
 
     def _sample(self) -> None:
+        names = {thread.ident: thread for thread in threading.enumerate()}
         for ident, frame in sys._current_frames().items():
             if ident == self._loop_thread:
                 self._loop_stacks[stack_of(frame)] += 1
-            elif ident != threading.get_ident() and frame.f_code.co_name not in WAITING:
-                self._busy[f"{_thread_name(ident)} in {_where(frame)}"] += 1
+                continue
+            thread = names.get(ident)
+            if ident == threading.get_ident() or thread is None or thread.native_id is None:
+                continue
+            if _running(thread.native_id):  # on a CPU or waiting for one: not in a wait or a syscall's sleep
+                self._busy[f"{thread.name} in {_where(frame)}"] += 1
 
     def _report(self, *, held: float, now: float) -> None:
         self.stalls.inc()
@@ -139,18 +161,31 @@ class StallWatch:
         loop_at = "; ".join(f"{stack} ({n}x)" for stack, n in self._loop_stacks.most_common(TOP)) or "none"
         busy = "; ".join(f"{where} ({n}x)" for where, n in self._busy.most_common(TOP)) or "none"
         log.warning(
-            "event loop held %d time(s) since the last warning, longest %.0f ms, %.0f ms in all; "
-            "loop at (samples): %s; busy threads: %s",
-            len(self._held), max(self._held) * 1000, sum(self._held) * 1000, loop_at, busy,
+            "event loop held %d time(s) since the last warning, longest %.0f ms, %.0f ms in all (its thread "
+            "on a CPU %.0f ms, waiting for one %.0f ms); loop at (samples): %s; busy threads: %s",
+            len(self._held), max(self._held) * 1000, sum(self._held) * 1000, self._cpu[0] / 1e6,
+            self._cpu[1] / 1e6, loop_at, busy,
         )  # fmt: skip
+        self._cpu = [0, 0]
         self._reported = now
         self._held.clear()
         self._loop_stacks.clear()
         self._busy.clear()
 
 
-def _thread_name(ident: int) -> str:
-    for thread in threading.enumerate():
-        if thread.ident == ident:
-            return thread.name
-    return str(ident)
+def _schedstat(tid: int) -> tuple[int, int] | None:
+    """The thread's time on a CPU and waiting on a runqueue, in ns (the kernel's schedstat); None where the
+    kernel has none."""
+    try:
+        on_cpu, waiting, _ = (TASKS / str(tid) / "schedstat").read_text().split()
+        return int(on_cpu), int(waiting)
+    except (OSError, ValueError):
+        return None
+
+
+def _running(tid: int) -> bool:
+    """The thread is running or runnable (state R), not asleep in a wait, a lock (the GIL too) or I/O."""
+    try:
+        return (TASKS / str(tid) / "stat").read_text().rsplit(")", 1)[1].split()[0] == "R"
+    except (OSError, IndexError):
+        return False

@@ -11,6 +11,7 @@ from pathlib import Path
 
 MARK = "event loop held "
 _HEAD = re.compile(r"held (\d+) time\(s\) since the last warning, longest (\d+) ms, (\d+) ms in all")
+_SCHED = re.compile(r"its thread on a CPU (\d+) ms, waiting for one (\d+) ms")
 _SAMPLE = re.compile(r"(.+?) \((\d+)x\)$")
 
 
@@ -25,7 +26,7 @@ def summary(log: Path, since: int, *, top: int = 5) -> list[str]:
     with log.open("rb") as f:
         f.seek(since)
         text = f.read().decode(errors="replace")
-    stalls, longest, held = 0, 0, 0
+    stalls, longest, held, on_cpu, waiting = 0, 0, 0, 0, 0
     stacks: collections.Counter[str] = collections.Counter()
     busy: collections.Counter[str] = collections.Counter()
     for line in text.splitlines():
@@ -35,6 +36,10 @@ def summary(log: Path, since: int, *, top: int = 5) -> list[str]:
         stalls += int(head[1])
         longest = max(longest, int(head[2]))
         held += int(head[3])
+        sched = _SCHED.search(line)
+        if sched:
+            on_cpu += int(sched[1])
+            waiting += int(sched[2])
         loop_part, _, busy_part = line.partition("; busy threads: ")
         for part, into in ((loop_part.partition("loop at (samples): ")[2], stacks), (busy_part, busy)):
             for item in part.split("; "):
@@ -43,7 +48,10 @@ def summary(log: Path, since: int, *, top: int = 5) -> list[str]:
                     into[sample[1]] += int(sample[2])
     if not stalls:
         return ["  loop stalls: none over the threshold"]
-    found = [f"  loop stalls: {stalls}, longest {longest} ms, {held / 1000:.1f} s in all; the loop at:"]
+    found = [
+        f"  loop stalls: {stalls}, longest {longest} ms, {held / 1000:.1f} s in all; its thread on a CPU "
+        f"{on_cpu / 1000:.1f} s of it, waiting for one {waiting / 1000:.1f} s; the loop at:"
+    ]
     found += [f"    {n:4d}x {stack}" for stack, n in stacks.most_common(top)]
     if busy:
         found.append("  busy threads beside it (samples):")

@@ -59,10 +59,36 @@ def test_a_held_loop_is_reported_with_where_its_thread_was(caplog: pytest.LogCap
     message = record.getMessage()
     assert "_hold_the_loop_in_a_parse (service/test_loop_stalls.py:" in message, message
     assert "steps (service/test_loop_stalls.py:" in message
-    assert "base_events" not in message, "the loop's own frames are in every stall: left out"
+    assert "base_events" not in message, "the loop's own frames are the same in every stall: left out"
+    assert "runners" not in message
     assert "1 time(s)" in message
     held_ms = float(message.split("longest ")[1].split(" ms")[0])
     assert 350 <= held_ms <= 1500, message  # the hold, give or take the watcher's and the beat's steps
+    # a thread that computes is on a CPU or waiting for one (a loaded machine): never asleep through it
+    on_cpu = float(message.split("on a CPU ")[1].split(" ms")[0])
+    waiting = float(message.split("waiting for one ")[1].split(" ms")[0])
+    assert on_cpu + waiting >= 0.5 * held_ms, message
+
+
+def test_a_loop_asleep_in_a_blocking_call_is_told_from_one_that_computes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A blocking call on the loop (the thread asleep in the kernel): neither on a CPU nor waiting for one."""
+    caplog.set_level(logging.WARNING, logger="service.loop_stalls")
+
+    async def steps() -> None:
+        await asyncio.sleep(0.1)
+        time.sleep(0.5)  # noqa: ASYNC251  # a blocking call on the loop
+        await asyncio.sleep(0.2)
+
+    _run(steps)
+    [record] = [r for r in caplog.records if "event loop held" in r.getMessage()]
+    message = record.getMessage()
+    held_ms = float(message.split("longest ")[1].split(" ms")[0])
+    on_cpu = float(message.split("on a CPU ")[1].split(" ms")[0])
+    waiting = float(message.split("waiting for one ")[1].split(" ms")[0])
+    assert on_cpu + waiting < 0.3 * held_ms, message
+    assert "steps (service/test_loop_stalls.py:" in message
 
 
 def test_a_busy_thread_beside_the_loop_is_named(caplog: pytest.LogCaptureFixture) -> None:
