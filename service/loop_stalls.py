@@ -46,7 +46,7 @@ TOP = 3  # stacks in a warning
 _LOOP_CODES = frozenset(
     {asyncio.Handle._run.__code__, asyncio.Runner.run.__code__,
      asyncio.BaseEventLoop.run_forever.__code__, asyncio.BaseEventLoop.run_until_complete.__code__,
-     asyncio.BaseEventLoop._run_once.__code__}
+     asyncio.BaseEventLoop._run_once.__code__}  # type: ignore[attr-defined]
 )  # fmt: skip
 TASKS = Path("/proc/self/task")
 

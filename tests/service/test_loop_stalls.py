@@ -15,6 +15,20 @@ from service.loop_lag import LoopLag
 from service.loop_stalls import StallWatch, stack_of
 
 
+@pytest.fixture(autouse=True)
+def _every_stall_warned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each stall its own warning: a stall of the test machine's own (a busy CI) is then a warning apart
+    from the one a test looks for, not one that holds it back."""
+    monkeypatch.setattr(loop_stalls, "REPORT_EVERY", 0.0)
+
+
+def _held_by(caplog: pytest.LogCaptureFixture, what: str) -> str:
+    found = [r.getMessage() for r in caplog.records if "event loop held" in r.getMessage()]
+    mine = [m for m in found if f"{what} (service/test_loop_stalls.py:" in m.split("; busy threads")[0]]
+    assert len(mine) == 1, found
+    return mine[0]
+
+
 def _stalls(registry: CollectorRegistry) -> float:
     return registry.get_sample_value("proxy_operator_event_loop_stalls_total") or 0.0
 
@@ -54,10 +68,8 @@ def test_a_held_loop_is_reported_with_where_its_thread_was(caplog: pytest.LogCap
         await asyncio.sleep(0.2)  # the loop beats again: the watcher reports
 
     registry = _run(steps)
-    assert _stalls(registry) == 1
-    [record] = [r for r in caplog.records if "event loop held" in r.getMessage()]
-    message = record.getMessage()
-    assert "_hold_the_loop_in_a_parse (service/test_loop_stalls.py:" in message, message
+    assert _stalls(registry) >= 1
+    message = _held_by(caplog, "_hold_the_loop_in_a_parse")
     assert "steps (service/test_loop_stalls.py:" in message
     assert "base_events" not in message, "the loop's own frames are the same in every stall: left out"
     assert "runners" not in message
@@ -82,8 +94,7 @@ def test_a_loop_asleep_in_a_blocking_call_is_told_from_one_that_computes(
         await asyncio.sleep(0.2)
 
     _run(steps)
-    [record] = [r for r in caplog.records if "event loop held" in r.getMessage()]
-    message = record.getMessage()
+    message = _held_by(caplog, "steps")
     held_ms = float(message.split("longest ")[1].split(" ms")[0])
     on_cpu = float(message.split("on a CPU ")[1].split(" ms")[0])
     waiting = float(message.split("waiting for one ")[1].split(" ms")[0])
@@ -112,12 +123,11 @@ def test_a_busy_thread_beside_the_loop_is_named(caplog: pytest.LogCaptureFixture
             hog.join()
 
     _run(steps)
-    [record] = [r for r in caplog.records if "event loop held" in r.getMessage()]
-    assert "the-hog in spin (service/test_loop_stalls.py:" in record.getMessage()
+    assert "the-hog in spin (service/test_loop_stalls.py:" in _held_by(caplog, "_hold_the_loop_in_a_parse")
 
 
 def test_a_loop_that_keeps_its_beat_reports_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    """Short steps (30 ms, under the 100-ms threshold) for half a second: no stall."""
+    """Short steps (30 ms, under the 400-ms threshold) for half a second: no stall."""
     caplog.set_level(logging.WARNING, logger="service.loop_stalls")
 
     async def steps() -> None:
@@ -125,7 +135,7 @@ def test_a_loop_that_keeps_its_beat_reports_nothing(caplog: pytest.LogCaptureFix
             _hold_the_loop_in_a_parse(0.03)
             await asyncio.sleep(0.005)
 
-    registry = _run(steps)
+    registry = _run(steps, threshold=0.4)
     assert _stalls(registry) == 0
     assert not [r for r in caplog.records if "event loop held" in r.getMessage()]
 
@@ -136,7 +146,7 @@ def test_stalls_between_two_warnings_go_into_the_next_one(
     """Three stalls within REPORT_EVERY: the first is warned of at once, the next two together in the
     warning after the period, each counted on /metrics as it ends."""
     caplog.set_level(logging.WARNING, logger="service.loop_stalls")
-    monkeypatch.setattr(loop_stalls, "REPORT_EVERY", 1.5)
+    monkeypatch.setattr(loop_stalls, "REPORT_EVERY", 1.5)  # over the autouse fixture's
 
     async def steps() -> None:
         for _ in range(3):
@@ -147,11 +157,11 @@ def test_stalls_between_two_warnings_go_into_the_next_one(
         await asyncio.sleep(0.2)
 
     registry = _run(steps)
-    assert _stalls(registry) == 4
     warnings = [r.getMessage() for r in caplog.records if "event loop held" in r.getMessage()]
     assert len(warnings) == 2, warnings
     assert "1 time(s)" in warnings[0]
     assert "3 time(s)" in warnings[1]
+    assert _stalls(registry) == 4
 
 
 def test_a_stack_reads_innermost_first() -> None:
