@@ -113,6 +113,14 @@ class OperatorSettings(BaseSettings):
         "this many idle seconds, so the service never loads the Pulumi SDK; 0: in the service's process "
         '(docs/decisions.md, "The engine host process"). Folder mode runs them in its own process.',
     )
+    engine_host_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="The engine host's nice value: its Pulumi calls, their plugins and the `local` proxies "
+        "an `up` starts yield the cores to the service when both want them, so leases and probes do not "
+        "wait behind an `up` (docs/decisions.md); 0: the service's priority.",
+    )
     malloc_trim_seconds: float = Field(
         30.0,
         ge=0,

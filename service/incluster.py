@@ -30,6 +30,7 @@ from service.controller import Controller
 from service.deletions import Allowances
 from service.inventory import Inventory, ProxyEndpoint
 from service.kube.credentials import Credentials, CredentialsReader, CredentialsWriter, shared_control
+from service.kube.credentials_publisher import CredentialsPublisher
 from service.kube.events import EventRecorder
 from service.kube.follower import FollowedInventory
 from service.kube.heartbeat import OperationsHeartbeat
@@ -83,6 +84,7 @@ class ClusterMode:
             # A term's calls in an engine host, gone when idle (automation/engine/hosted.py); the host's own
             # end well inside the term's, so it is gone before this process would kill it.
             host_idle_seconds=settings.engine_host_idle_seconds,
+            host_nice=settings.engine_host_nice,
             host_grace=0.6 * min(TERM_GRACE, kube.renew_deadline_seconds),
             probe_pods=kube.probe_pods(settings.listen_port),
         )
@@ -112,6 +114,9 @@ class ClusterMode:
             self.credentials_writer.shared,
             self.credentials.held,
         )
+        # the Secrets' applies in a thread of their own: 500 a stack held the loop 9-30 s (run 36)
+        self.credentials_publisher = CredentialsPublisher(self.credentials_writer)
+        self.credentials_publisher.leading = lambda: self.leading
         # A new leader compares each status with the watched copy, not a GET per Proxy (the intake).
         self.status_writer = StatusWriter(
             api,
@@ -204,6 +209,7 @@ class ClusterMode:
         self.source.start()
         self.credentials.start()
         self.status_writer.start()
+        self.credentials_publisher.start()
         self.events.start()
         self._started = True
         synced = await asyncio.to_thread(self.source.wait_synced, SYNC_TIMEOUT)
@@ -236,6 +242,7 @@ class ClusterMode:
         self.source.stop()
         self.credentials.stop()
         self.status_writer.close()
+        self.credentials_publisher.close()
         self.events.close()
 
     async def _lead(self) -> None:
@@ -387,10 +394,7 @@ class ClusterMode:
             password=endpoint.password,
             control=shared_control(endpoint.control),
         )
-        try:
-            self.credentials_writer.write(ref, credentials)
-        except Exception as exc:  # the next publish writes it; discovery on the leader has it already
-            log.warning("cannot write the credentials Secret of %s: %s", endpoint.key, exc)
+        self.credentials_publisher.submit(ref, credentials)  # written in its thread, never on the loop
 
     async def follow_inventory(self) -> None:
         """A follower serves what the leader wrote: addresses, health and the egress IP from status,

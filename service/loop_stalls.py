@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import sys
 import threading
 import time
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 REPORT_EVERY = 10.0  # seconds between two warnings at most
 DEPTH = 8  # frames of the loop's stack in a warning
 TOP = 3  # stacks in a warning
+INNER = 2  # innermost frames of a deeper stack kept before the installation's own
+_ROOT = str(Path(__file__).resolve().parents[1]) + os.sep  # the installation's packages (service, ...)
 # where a stack stops: the loop's own frames (asyncio's, or the runner's frame under uvloop's C loop), the
 # same in every stall
 _LOOP_CODES = frozenset(
@@ -59,14 +62,23 @@ def _where(frame: FrameType) -> str:
 
 def stack_of(frame: FrameType | None, depth: int = DEPTH) -> str:
     """`frame` and its callers, innermost first: `f (dir/file.py:12) < g (dir/file.py:40) < ...`, up to the
-    callback the loop runs (asyncio's `Handle._run` and the loop's own frames are the same in every stall)."""
-    found: list[str] = []
-    while frame is not None and len(found) < depth:
-        if frame.f_code in _LOOP_CODES:
-            break
-        found.append(_where(frame))
+    callback the loop runs (asyncio's `Handle._run` and the loop's own frames are the same in every stall).
+    A deeper stack keeps its INNER innermost frames and then the installation's own (a blocking call deep in
+    a client library is named by the call of ours that made it)."""
+    frames: list[FrameType] = []
+    while frame is not None and frame.f_code not in _LOOP_CODES:
+        frames.append(frame)
         frame = frame.f_back
-    return " < ".join(found) or "(no frame)"
+    if len(frames) > depth:
+        own = [f for f in frames[INNER:] if _own(f)][: depth - INNER]
+        return " < ".join([*map(_where, frames[:INNER]), "...", *map(_where, own)])
+    # no frame of a callback: the loop in its own (uvloop's C) code, or its thread waiting there for the GIL
+    return " < ".join(map(_where, frames)) or "(the loop's own code)"
+
+
+def _own(frame: FrameType) -> bool:
+    name = frame.f_code.co_filename
+    return name.startswith(_ROOT) and "site-packages" not in name
 
 
 class StallWatch:

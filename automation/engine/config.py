@@ -67,6 +67,10 @@ class EngineConfig:
     # How long a host's own term end waits for its CLI calls after SIGINT before killing them: below the
     # service's term grace, so the host is gone before the service would kill it.
     host_grace: float = 6.0
+    # The engine host's nice value, so its CLI calls and their plugins (and whatever they start) yield the
+    # cores to the service when both want them: an intake's or a resync's `up`s took the service's event
+    # loop's CPU and held every lease behind them (docs/decisions.md, "The engine host yields the CPU").
+    host_nice: int = 0
 
     def environment(self) -> dict[str, str]:
         """Environment of every CLI call: the CLI's folder (a bundle's plugins), then our interpreter's (the

@@ -181,6 +181,7 @@ def main(argv: list[str]) -> int:
         term.close()  # outside any term (hosted.READS): reads only, every operation refused
     host = Host(calls, replies, term, grace)
     init = calls.recv()
+    _yield_cpu(init["config"].host_nice)  # before any thread: each thread, and each child, inherits it
     root = logging.getLogger()
     root.handlers[:] = [_Forwarder(host.send)]
     root.setLevel(init.get("log_level", logging.INFO))
@@ -191,6 +192,15 @@ def main(argv: list[str]) -> int:
     host.send(("ready",))
     host.serve(workers=max(4, int(init.get("workers", 32))))
     return 0
+
+
+def _yield_cpu(nice: int) -> None:
+    """Lower this process's priority by `nice` (never refused: only raising it needs a privilege)."""
+    if nice > 0:
+        try:
+            os.nice(nice)
+        except OSError as exc:  # a platform without it: the same priority as the service, as before
+            log.warning("the engine host keeps its priority: nice refused (%s)", exc)
 
 
 if __name__ == "__main__":

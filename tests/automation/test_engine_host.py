@@ -180,6 +180,34 @@ def test_ending_the_term_interrupts_the_hosts_up_and_leaves_no_child(
         engine.up(spec(fleet, free_port()))
 
 
+def _nice(pid: int) -> int:
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rindex(")") + 2 :].split()[16])
+
+
+def test_the_host_and_its_cli_yield_the_cpu_by_host_nice(fleet: Fleet, pulumi_env: PulumiEnv) -> None:
+    """`host_nice`: the host runs that much nicer than the service, and so does the `pulumi up` it starts
+    (its plugins and the proxies an `up` starts inherit it from the CLI), so an `up` takes the cores only
+    when the service leaves them (bench_running's lease window waited behind a resync's `up`s)."""
+    locks = pulumi_env.backend_dir / ".pulumi" / "locks"
+    term = Term("leader/nice")
+    engine = hosted_engine(fleet, host_nice=7).in_term(term)
+    worker, failure = up_in_background(engine, spec(fleet, *(free_port() for _ in range(3))))
+    try:
+        wait_until(lambda: running_up(locks), within=120, what="`pulumi up` holding the stack's lock")
+        cli = running_up(locks)
+        assert cli is not None
+        [host] = host_pids()
+        ours = _nice(os.getpid())
+        assert _nice(host) == ours + 7
+        assert _nice(cli) == ours + 7
+        worker.join(300)
+        assert not failure
+    finally:
+        term.end(grace=30)
+    worker.join(30)
+
+
 def test_a_foreign_lock_is_judged_by_the_service(fleet: Fleet, pulumi_env: PulumiEnv) -> None:
     """The host asks the service whether a lock's holder is gone (the service holds the cluster client)."""
     asked: list[str] = []

@@ -164,6 +164,34 @@ def test_stalls_between_two_warnings_go_into_the_next_one(
     assert _stalls(registry) == 4
 
 
+def test_a_deep_stack_names_our_call_below_a_library_s_frames() -> None:
+    """A blocking call deep inside a library (here json's encoder, called through a chain of our frames):
+    the innermost frames, then ours, not the library's middle (the loop once blocked 30 s in urllib3's
+    read under a credentials write, and the eight innermost frames were all urllib3's and ssl's)."""
+    import json
+    import sys
+
+    seen: list[str] = []
+
+    def default(_obj: object) -> object:
+        seen.append(stack_of(sys._getframe(), depth=5))
+        return None
+
+    def ours_outer() -> str:
+        return ours_inner()
+
+    def ours_inner() -> str:
+        return json.dumps({"a": [[[[object()]]]]}, default=default)
+
+    ours_outer()
+    [stack] = seen
+    frames = stack.split(" < ")
+    assert frames[0].startswith("default (service/test_loop_stalls.py:"), stack
+    assert frames[2] == "...", stack
+    assert frames[3].startswith("ours_inner (service/test_loop_stalls.py:"), stack
+    assert frames[4].startswith("ours_outer (service/test_loop_stalls.py:"), stack
+
+
 def test_a_stack_reads_innermost_first() -> None:
     def inner() -> str:
         import sys
