@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 class Reporter(Protocol):
     """Where the reconciler tells what happened: status, events, the inventory, the source."""
 
-    def stack_applied(
+    async def stack_applied(
         self,
         plan: StackPlan,
         *,
@@ -54,7 +54,9 @@ class Reporter(Protocol):
         result: OperationResult | None,
         missing: set[str] | None = None,
         held: set[str] | None = None,
-    ) -> None: ...
+    ) -> None:
+        """Every proxy of the stack as applied; lets the event loop run between slices of them."""
+        ...
 
     def stack_removed(self, name: str) -> None: ...
 
@@ -109,7 +111,7 @@ class Reconciler:
                 await self._detect_drift(name)
         else:
             missing = await self._detect_drift(name) if detect else set()
-            self.reporter.stack_applied(
+            await self.reporter.stack_applied(
                 plan,
                 outputs=self._outputs.get(name),
                 result=None,
@@ -290,7 +292,9 @@ class Reconciler:
         self._drift_due.discard(plan.name)
         self._run_due.discard(plan.name)
         self.planner.mark_applied(plan)
-        self.reporter.stack_applied(plan, outputs=result.outputs, result=result, held=set(resolved.held))
+        await self.reporter.stack_applied(
+            plan, outputs=result.outputs, result=result, held=set(resolved.held)
+        )
 
     def _release(self, proxies: tuple[Proxy, ...], *, forgotten: bool = False) -> bool:
         """Release leaving proxies; one declared again meanwhile stays (its stack runs again). True when

@@ -22,6 +22,7 @@ those; both by default).
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import json
 import logging
@@ -177,7 +178,7 @@ def main() -> None:
             }
             reporter.operation_started(plan, type_="up")
             reporter.operation_finished(plan, type_="up")
-            reporter.stack_applied(plan, outputs=outputs, result=None)
+            asyncio.run(reporter.stack_applied(plan, outputs=outputs, result=None))
             del outputs
     inventory = reporter.inventory
     with measured("health state (Inventory.set_health)", figures):
