@@ -113,6 +113,8 @@ class ReplicaSet:
             "PROXY_OPERATOR_KUBE_LEASE_DURATION_SECONDS": str(LEASE_SECONDS),
             "PROXY_OPERATOR_KUBE_RENEW_DEADLINE_SECONDS": str(RENEW_SECONDS),
             "PROXY_OPERATOR_KUBE_RETRY_PERIOD_SECONDS": str(RETRY_SECONDS),
+            # one cgroup for every replica and the rest of the suite, not a pod each: see cluster_fleet.py
+            "PROXY_OPERATOR_ENGINE_HOST_NICE": "0",
         }
         command = [str(Path(sys.executable).parent / "proxy-operator"), "serve", "--port", str(port),
                    "--kubeconfig", str(self.kubeconfig), "--state-dir", str(state_dir)]  # fmt: skip

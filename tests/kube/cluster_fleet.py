@@ -163,6 +163,10 @@ class ClusterFleet:
             resync_seconds=0,
             deletion_window_quiet_seconds=0.5,  # a short deletion window: the suite's time budget
             health=HealthSettings(interval_seconds=0.5, healthy_threshold=1),
+            # Replicas, the apiserver and the other tests share one cgroup here, not a pod each: at the
+            # default nice 10 a replica's `up` would wait for all of them, not only for its own service
+            # (tests/automation/test_engine_host.py holds the engine host to its nice value).
+            engine_host_nice=0,
         ).model_copy(update=self.overrides)
 
     def kube(self, identity: str, **overrides: Any) -> KubeSettings:
