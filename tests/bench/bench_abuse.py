@@ -56,6 +56,7 @@ from abuse_clients import (  # noqa: E402
     WARM_UP,
 )
 
+from tests.bench.follower_phase import machine_busy  # noqa: E402
 from tests.ports import free_port  # noqa: E402
 
 PY = sys.executable
@@ -161,17 +162,11 @@ def _waited(pid: int) -> float:
     return sum(int(t.read_text().split()[1]) for t in Path(f"/proc/{pid}/task").glob("*/schedstat")) / 1e9
 
 
-def _machine_busy() -> float:
-    """CPU seconds the machine's cores spent on anything but idling (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-
-
 def _sample(watched: dict[str, list[Process]]) -> dict[str, float]:
     found = {name: sum(_cpu(p.pid) for p in group) for name, group in watched.items()}
     return found | {
         "server waiting for a core": _waited(watched["server"][0].pid),
-        "machine": _machine_busy(),
+        "machine": machine_busy(),
     }
 
 

@@ -63,12 +63,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def lag_buckets(url: str) -> dict[float, float]:
-    """The lag histogram's cumulative buckets (le -> count) from /metrics."""
+def machine_busy() -> float:
+    """CPU seconds the machine's cores spent on anything but idling (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def lag_buckets(url: str, metric: str = "proxy_operator_event_loop_lag_seconds") -> dict[float, float]:
+    """A histogram's cumulative buckets (le -> count) from /metrics: the loop's lag unless `metric` says."""
     text = httpx.get(f"{url}/metrics", timeout=10).text
     found = {}
     for line in text.splitlines():
-        if line.startswith("proxy_operator_event_loop_lag_seconds_bucket"):
+        if line.startswith(f"{metric}_bucket"):
             le = line.split('le="', 1)[1].split('"', 1)[0]
             found[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
     return found
