@@ -43,6 +43,7 @@ from automation.engine.core import Engine
 from automation.engine.hosted import CLOSED, OPERATION_METHODS, READ_METHODS
 from automation.engine.term import Term
 from automation.errors import TransientError
+from stacks.forward_proxy.loop import NICE_ENV
 
 log = logging.getLogger(__name__)
 
@@ -195,12 +196,17 @@ def main(argv: list[str]) -> int:
 
 
 def _yield_cpu(nice: int) -> None:
-    """Lower this process's priority by `nice` (never refused: only raising it needs a privilege)."""
+    """Lower this process's priority by `nice` (never refused: only raising it needs a privilege). The
+    `local` proxies an `up` starts are put back at the service's where that is allowed (their traffic is
+    the product, not Pulumi's work): the variable tells them which (stacks/programs/local_process.py)."""
     if nice > 0:
         try:
+            own = os.nice(0)
             os.nice(nice)
         except OSError as exc:  # a platform without it: the same priority as the service, as before
             log.warning("the engine host keeps its priority: nice refused (%s)", exc)
+        else:
+            os.environ[NICE_ENV] = str(own)
 
 
 if __name__ == "__main__":

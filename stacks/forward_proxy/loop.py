@@ -24,10 +24,14 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["LOOP_ENV", "SCHED_ENV", "loop_factory", "run", "schedule"]
+__all__ = ["LOOP_ENV", "NICE_ENV", "SCHED_ENV", "loop_factory", "run", "schedule"]
 
 LOOP_ENV = "PROXY_OPERATOR_PROXY_LOOP"
 SCHED_ENV = "PROXY_OPERATOR_PROXY_SCHED"
+# The nice value of the process that lowered its own priority before starting Pulumi (the engine host:
+# automation/engine/host.py): the `local` proxies an `up` starts go back to it where allowed
+# (stacks/programs/local_process.py), since they carry crawler traffic.
+NICE_ENV = "PROXY_OPERATOR_PROXY_NICE"
 T = TypeVar("T")
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from stacks.forward_proxy.identity import MODULE, ProcessRef, holds_listener, is_running, start_time
-from stacks.forward_proxy.loop import SCHED_ENV
+from stacks.forward_proxy.loop import NICE_ENV, SCHED_ENV
 from stacks.forward_proxy.shared_listener import FLAG as SHARED_FLAG
 
 READY_TIMEOUT = 15.0
@@ -67,10 +67,31 @@ def spawn(command: list[str], *, log_path: Path) -> ProcessRef:
             (os.POSIX_SPAWN_DUP2, log.fileno(), 2),
         ]
         pid = os.posix_spawn(command[0], command, child_environment(), file_actions=actions, setsid=True)
+        refused = _restore_priority(pid)
+        if refused:
+            log.write(f"proxy-operator: {refused}\n".encode())
     started = start_time(pid)
     if started is None:
         raise ProxyStartError(f"{command[0]} exited at once; see {log_path}")
     return ProcessRef(pid=pid, start_time=started)
+
+
+def _restore_priority(pid: int) -> str | None:
+    """Give a proxy started under a lowered priority (NICE_ENV) the one it was lowered from; what
+    stood in the way, if anything (lowering a nice value needs CAP_SYS_NICE or an RLIMIT_NICE that allows
+    it: without either the proxy keeps the engine host's priority, docs/operations.md)."""
+    wanted = os.environ.get(NICE_ENV, "")
+    try:
+        nice = int(wanted)
+    except ValueError:
+        return None  # not started under a lowered priority (folder mode, a test's own program)
+    if os.getpriority(os.PRIO_PROCESS, 0) <= nice:
+        return None  # not lowered (or lowered by someone else than the engine host): nothing to undo
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except OSError as exc:
+        return f"runs at the engine host's lowered priority: setting nice {nice} was refused ({exc.strerror})"
+    return None
 
 
 def _accepts(host: str, port: int) -> bool:

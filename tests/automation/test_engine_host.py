@@ -4,6 +4,7 @@ proxies, the host started by the code under test, and a service stand-in process
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -185,10 +186,23 @@ def _nice(pid: int) -> int:
     return int(text[text.rindex(")") + 2 :].split()[16])
 
 
+def _proxies_below(state: Path) -> list[int]:
+    """The proxy processes whose command line names a file under `state` (their config)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):  # not a process, or one that ended
+            cmdline = (entry / "cmdline").read_bytes()
+            if b"stacks.forward_proxy" in cmdline and str(state).encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
 def test_the_host_and_its_cli_yield_the_cpu_by_host_nice(fleet: Fleet, pulumi_env: PulumiEnv) -> None:
     """`host_nice`: the host runs that much nicer than the service, and so does the `pulumi up` it starts
-    (its plugins and the proxies an `up` starts inherit it from the CLI), so an `up` takes the cores only
-    when the service leaves them (bench_running's lease window waited behind a resync's `up`s)."""
+    (its plugins inherit it from the CLI), so an `up` takes the cores only when the service leaves them
+    (bench_running's lease window waited behind a resync's `up`s). The `local` proxies the `up` starts go
+    back to the service's priority (root may lower a nice value: the test runs as root): they carry
+    crawler traffic (bench_running's leases waited on listeners at nice 10)."""
     locks = pulumi_env.backend_dir / ".pulumi" / "locks"
     term = Term("leader/nice")
     engine = hosted_engine(fleet, host_nice=7).in_term(term)
@@ -203,6 +217,10 @@ def test_the_host_and_its_cli_yield_the_cpu_by_host_nice(fleet: Fleet, pulumi_en
         assert _nice(cli) == ours + 7
         worker.join(300)
         assert not failure
+        proxies = _proxies_below(fleet.local_state)
+        assert len(proxies) == 3, proxies
+        for proxy in proxies:  # what carries crawler traffic goes back to the service's (root may)
+            assert _nice(proxy) == ours, proxies
     finally:
         term.end(grace=30)
     worker.join(30)
