@@ -298,7 +298,8 @@ class Controller(FirstPass):
     def _apply_deletions(self, declared: list[Proxy]) -> set[str]:
         """Declared deletions pass the deletion gate (the budget over a window, service/deletions.py);
         returns the stacks dirtied by those let through."""
-        self.gate.declare(declared, fleet=self.planner.applied_count())
+        if declared:  # the fleet is counted for a window alone: a walk of every applied proxy
+            self.gate.declare(declared, fleet=self.planner.applied_count())
         self.gate.tick()
         passing, held = self.gate.judge(
             removes=lambda proxy: self.planner.is_applied(proxy.key) and not wants_skip_cleanup(proxy)

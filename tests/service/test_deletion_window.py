@@ -131,3 +131,34 @@ def test_an_allowance_survives_a_change_of_term(tmp_path: Path) -> None:
         await second.close(grace=1)
 
     asyncio.run(scenario())
+
+
+def test_the_fleet_is_counted_only_when_a_deletion_is_declared(tmp_path: Path) -> None:
+    """The window's fleet (`Planner.applied_count`, a walk of every applied proxy) is counted when a
+    deletion opens or joins a window, not on every poll: at 10,000 proxies that walk was 2.4 % of the
+    leader's event loop (bench_running run 39, py-spy), once a second and after every slice of an intake."""
+    folder, engine = Folder(tmp_path / "m"), RecordingEngine(installation="ours")
+
+    async def scenario() -> None:
+        controller = await fleet_of_20(folder, engine, tmp_path)
+        counted = 0
+        applied_count = controller.planner.applied_count
+
+        def counting() -> int:
+            nonlocal counted
+            counted += 1
+            return applied_count()
+
+        controller.planner.applied_count = counting  # type: ignore[method-assign]
+        for _ in range(3):
+            controller.sync()  # nothing changed
+        assert counted == 0, "a poll with no deletion walked the fleet"
+        folder.remove("proxy-p00.yaml")
+        controller.sync()
+        controller.sync()  # held still for one poll: declared
+        assert counted >= 1
+        window = controller.gate.window
+        assert window is not None
+        assert window.fleet == 20
+
+    asyncio.run(scenario())
