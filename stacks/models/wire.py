@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from typing import Annotated, Final
 
@@ -46,8 +47,10 @@ def ip_address_text(value: str) -> str:
         raise ValueError(f"'{value}' is not an IP address: use one such as 127.0.0.1") from None
 
 
+@functools.lru_cache(maxsize=1024)  # a fleet repeats a few ranges; a packed proxy is validated again often
 def normalise_cidr(value: str) -> str:
-    """`10.1.2.3/8` -> `10.0.0.0/8`, a bare address -> a /32 or /128."""
+    """`10.1.2.3/8` -> `10.0.0.0/8`, a bare address -> a /32 or /128. Cached: parsing the same ranges
+    again was half of a stored proxy's validation (`resolve_stack`, 500 proxies at each drift check)."""
     try:
         return str(ipaddress.ip_network(value.strip(), strict=False))
     except ValueError:

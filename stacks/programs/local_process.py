@@ -86,9 +86,11 @@ def _restore_priority(pid: int) -> str | None:
     except ValueError:
         return None  # not started under a lowered priority (folder mode, a test's own program)
     if os.getpriority(os.PRIO_PROCESS, 0) <= nice:
-        return None  # not lowered (or lowered by someone else than the engine host): nothing to undo
+        return None  # not lowered (or lowered by something other than the engine host): nothing to undo
     try:
         os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except ProcessLookupError:
+        return None  # it exited at once: the caller says so
     except OSError as exc:
         return f"runs at the engine host's lowered priority: setting nice {nice} was refused ({exc.strerror})"
     return None
