@@ -202,7 +202,8 @@ def test_the_host_and_its_cli_yield_the_cpu_by_host_nice(fleet: Fleet, pulumi_en
     (its plugins inherit it from the CLI), so an `up` takes the cores only when the service leaves them
     (bench_running's lease window waited behind a resync's `up`s). The `local` proxies the `up` starts go
     back to the service's priority (root may lower a nice value: the test runs as root): they carry
-    crawler traffic (bench_running's leases waited on listeners at nice 10)."""
+    crawler traffic, and a lease waits for its proxy's acknowledgement (reasoned, not measured: on the
+    benches' machine each proxy is its own autogroup, docs/decisions.md)."""
     locks = pulumi_env.backend_dir / ".pulumi" / "locks"
     term = Term("leader/nice")
     engine = hosted_engine(fleet, host_nice=7).in_term(term)
