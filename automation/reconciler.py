@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from automation import local_drift
 from automation.engine import (
     APPLIED_PROXIES_OUTPUT,
     CREDENTIALS_OUTPUT,
@@ -85,6 +86,7 @@ class Reconciler:
     _owned: dict[str, Ownership] = field(default_factory=dict)
     _refusals: dict[str, str] = field(default_factory=dict)  # stack -> why we leave it alone
     _drift_due: set[str] = field(default_factory=set)
+    _refresh_due: set[str] = field(default_factory=set)  # drift checks that /proc may not answer
     _run_due: set[str] = field(default_factory=set)  # an `up` was asked for (reconcile-requested-at)
     updates: UpdateLog = field(default_factory=UpdateLog)  # each stack's last up or destroy
 
@@ -100,8 +102,9 @@ class Reconciler:
         if plan.entry is None:
             raise self._provider_missing(plan)
         resolved = self._resolve(plan)
-        drift_correct = name in self._drift_due and plan.entry.drift_policy == "correct"
-        detect = name in self._drift_due and not drift_correct
+        due = name in self._drift_due and not await self._answered_from_proc(plan)
+        drift_correct = due and plan.entry.drift_policy == "correct"
+        detect = due and not drift_correct
         forced = name in self._run_due
         if forced or drift_correct or resolved.input.spec_hash != self._applied.get(name):
             await self._up(plan, resolved, refresh=drift_correct or forced)
@@ -184,9 +187,13 @@ class Reconciler:
     def drift_check_due(self, name: str) -> bool:
         return name in self._drift_due
 
-    def request_drift_check(self, name: str) -> None:
-        """Mark a stack for a drift check on its next run (the resync timer submits it to the queue)."""
+    def request_drift_check(self, name: str, *, refresh: bool = False) -> None:
+        """Mark a stack for a drift check on its next run (the resync timer submits it to the queue).
+        `refresh`: always with Pulumi's refresh, even for a `local` stack whose processes all check out in
+        /proc (the repair of a proxy that fails its probes: `automation/local_drift.py`)."""
         self._drift_due.add(name)
+        if refresh:
+            self._refresh_due.add(name)
 
     def run_due(self, name: str) -> bool:
         return name in self._run_due
@@ -233,9 +240,35 @@ class Reconciler:
             self.reporter.proxy_held(key, reason=Reason.CREDENTIALS_MISSING, message=message)
         return resolved
 
+    async def _answered_from_proc(self, plan: StackPlan) -> bool:
+        """A due drift check of a `local` stack whose recorded processes all run and hold their ports:
+        answered, no refresh (`automation/local_drift.py`). False for any other stack, or when a
+        process does not check out (then the refresh runs and reports)."""
+        name = plan.name
+        if name in self._refresh_due or not self._is_local(name) or not plan.proxies:
+            return False
+        outputs = self._outputs
+        found = await asyncio.to_thread(lambda: local_drift.unverified(outputs.get(name)))
+        fields = {"fields": {"stack": name}}
+        if found is not None:
+            key, why = found
+            log.info("drift check of stack %s: a refresh, because %s: %s", name, key, why, extra=fields)
+            return False
+        self._checked(name)
+        log.info(
+            "drift check of stack %s: every applied proxy's process runs and holds its port (no refresh)",
+            name,
+            extra=fields,
+        )
+        return True
+
+    def _checked(self, name: str) -> None:
+        self._drift_due.discard(name)
+        self._refresh_due.discard(name)
+
     async def _detect_drift(self, name: str) -> set[str]:
         """Report drift (detect policy); returns the proxies with resources that differ or are gone."""
-        self._drift_due.discard(name)
+        self._checked(name)
         steps = await asyncio.to_thread(self.engine.detect_drift, name)
         self.reporter.drift(name, steps)
         return {step.proxy for step in steps if step.proxy}
@@ -289,7 +322,7 @@ class Reconciler:
         self._owned[plan.name] = Ownership.OURS  # created (and tagged) by this up if it was new
         self._applied[plan.name] = resolved.input.spec_hash
         self._outputs.put(plan.name, result.outputs)
-        self._drift_due.discard(plan.name)
+        self._checked(plan.name)
         self._run_due.discard(plan.name)
         self.planner.mark_applied(plan)
         await self.reporter.stack_applied(

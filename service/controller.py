@@ -256,7 +256,7 @@ class Controller(FirstPass):
             return False
         self._last_repair[stack] = now
         log.info("%s fails its probes: checking stack %s against its resources", key, stack)
-        self.reconciler.request_drift_check(stack)
+        self.reconciler.request_drift_check(stack, refresh=True)  # its process may run and still be wrong
         self.queue.submit(stack, generation_hint=("repair", now))
         return True
 

@@ -105,3 +105,105 @@ def test_a_restart_runs_a_real_change_before_the_process_check_and_keeps_what_it
         assert changed_status.status == "True"
 
     asyncio.run(fleet.run(scenario))
+
+
+def _recorded_checks(controller) -> list[str]:  # type: ignore[no-untyped-def]
+    """Record each `preview --refresh` the controller's engine runs (instrumentation: the real call runs)."""
+    calls: list[str] = []
+    detect = controller.engine.detect_drift
+
+    def recorded(name: str):  # type: ignore[no-untyped-def]
+        calls.append(name)
+        return detect(name)
+
+    controller.engine.detect_drift = recorded
+    return calls
+
+
+def _provisioned(controller, key: str) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    condition = {c.type: c for c in controller.status.get(key).conditions}["Provisioned"]
+    return condition.status, condition.reason
+
+
+@pytest.mark.parametrize("model", ["perProxy", "shared"])
+def test_a_resync_of_a_local_stack_whose_processes_run_reads_proc_not_pulumi(
+    fleet: Fleet, model: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 20: a resync's drift check of a `local` stack is answered from /proc while every recorded
+    process runs and holds its port (a `preview --refresh` of 10,000 proxies took half the two cores for
+    six minutes of every ten). Once a process is gone, the refresh runs and reports as before."""
+    fleet.write_catalogue(["local"], driftPolicy="detect", processModel=model)
+    port, other = free_port(), free_port()
+    fleet.write_proxy("victim", port=port)
+    fleet.write_proxy("bystander", port=other)
+
+    async def scenario() -> None:
+        controller = await fleet.apply()
+        checks = _recorded_checks(controller)
+        ups_before = controller.engine.up_count("local")
+
+        with caplog.at_level("INFO", logger="automation.reconciler"):
+            controller.request_resync()
+            await controller.queue.drain()
+        assert checks == [], "every process runs: no refresh"
+        assert controller.engine.up_count("local") == ups_before
+        assert not controller.reconciler.drift_check_due("local"), "the check was answered"
+        assert "every applied proxy's process runs and holds its port (no refresh)" in caplog.text
+        assert _provisioned(controller, "crawl/victim") == ("True", "Provisioned")
+        assert accepts(port)
+        assert accepts(other)
+
+        kill_proxy(controller, "crawl/victim")  # with the shared model: the listener of both
+        for _ in range(50):
+            if not accepts(port):
+                break
+            await asyncio.sleep(0.1)
+        caplog.clear()
+        with caplog.at_level("INFO", logger="automation.reconciler"):
+            controller.request_resync()
+            await controller.queue.drain()
+        assert checks == ["local"], "a process is gone: the refresh runs"
+        assert "a refresh, because crawl/" in caplog.text
+        assert _provisioned(controller, "crawl/victim") == ("False", "ResourcesMissing")
+        assert controller.engine.up_count("local") == ups_before, "detect changes nothing"
+
+    asyncio.run(fleet.run(scenario))
+
+
+def test_the_repair_of_a_proxy_that_fails_its_probes_always_refreshes(fleet: Fleet) -> None:
+    """A proxy failing its probes may run and hold its port and still be wrong (a shared listener that no
+    longer answers its control socket): its stack's check is Pulumi's refresh even with every process
+    running."""
+    fleet.write_catalogue(["local"], driftPolicy="detect")
+    fleet.write_proxy("flaky", port=free_port())
+
+    async def scenario() -> None:
+        controller = await fleet.apply()
+        checks = _recorded_checks(controller)
+        assert controller.request_repair("crawl/flaky")
+        await controller.queue.drain()
+        assert checks == ["local"]
+        assert _provisioned(controller, "crawl/flaky") == ("True", "Provisioned"), "nothing differed"
+
+    asyncio.run(fleet.run(scenario))
+
+
+def test_a_restart_with_every_process_running_checks_them_in_proc(fleet: Fleet) -> None:
+    """A restarted service checks a `local` stack's processes on its first run; when they all run (only the
+    service restarted) that check is /proc's, and nothing runs Pulumi for the stack. The machine-restart case
+    (a process gone): `test_a_restart_runs_a_real_change_before_the_process_check_and_keeps_what_it_finds`."""
+    fleet.write_catalogue(["local"], driftPolicy="correct")
+    port = free_port()
+    fleet.write_proxy("survivor", port=port)
+
+    async def scenario() -> None:
+        await fleet.apply()
+        restarted = fleet.controller()
+        checks = _recorded_checks(restarted)
+        await fleet.apply(restarted)
+        assert checks == []
+        assert restarted.engine.up_count("local") == 0, "correct: no `up --refresh` either"
+        assert _provisioned(restarted, "crawl/survivor") == ("True", "Provisioned")
+        assert accepts(port)
+
+    asyncio.run(fleet.run(scenario))

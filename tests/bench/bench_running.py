@@ -268,6 +268,7 @@ def window(
         print(f"  CPU {name:34s} {value:4.2f} s/s")
     print(f"  CPU in all (the machine)                  {sum(used.values()):4.2f} s/s (of 2 cores)")
     print("\n".join(stall_log.summary(svc.log, logged)))
+    print(stall_log.drift_checks(svc.log, logged))
 
 
 def run(tmp: Path) -> None:

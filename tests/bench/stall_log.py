@@ -1,4 +1,5 @@
-"""The service's stall warnings (service/loop_stalls.py) in a bench window: read from its log, summed.
+"""The service's stall warnings (service/loop_stalls.py) in a bench window: read from its log, summed. And
+the window's drift checks (automation/reconciler.py): answered from /proc, or a Pulumi refresh.
 
 Each warning covers the stalls since the one before; the summary adds them up and ranks the loop's stacks
 by their samples over the window, so that what holds the loop most is first."""
@@ -19,13 +20,25 @@ def log_size(log: Path) -> int:
     return log.stat().st_size if log.exists() else 0
 
 
+def _read(log: Path, since: int) -> str:
+    with log.open("rb") as f:
+        f.seek(since)
+        return f.read().decode(errors="replace")
+
+
+def drift_checks(log: Path, since: int) -> str:
+    """A line to print: the drift checks in `log` after byte `since`, by how they were answered."""
+    text = _read(log, since) if log.exists() else ""
+    answered = text.count("holds its port (no refresh)")
+    refreshed = text.count("drift check of stack ") - answered
+    return f"  drift checks: {answered} answered from /proc, {refreshed} by a refresh"
+
+
 def summary(log: Path, since: int, *, top: int = 5) -> list[str]:
     """Lines to print: the stalls in `log` after byte `since`, and the loop's most sampled stacks."""
     if not log.exists():
         return []
-    with log.open("rb") as f:
-        f.seek(since)
-        text = f.read().decode(errors="replace")
+    text = _read(log, since)
     stalls, longest, held, on_cpu, waiting = 0, 0, 0, 0, 0
     stacks: collections.Counter[str] = collections.Counter()
     busy: collections.Counter[str] = collections.Counter()
