@@ -102,15 +102,22 @@ class Reconciler:
         if plan.entry is None:
             raise self._provider_missing(plan)
         resolved = self._resolve(plan)
-        due = name in self._drift_due and not await self._answered_from_proc(plan)
-        drift_correct = due and plan.entry.drift_policy == "correct"
-        detect = due and not drift_correct
+        due = name in self._drift_due
+        # A local stack's check may be answered from /proc (not a repair's): automation/local_drift.py
+        from_proc = due and name not in self._refresh_due and self._is_local(name)
         forced = name in self._run_due
-        if forced or drift_correct or resolved.input.spec_hash != self._applied.get(name):
+        changed = forced or resolved.input.spec_hash != self._applied.get(name)
+        correct = plan.entry.drift_policy == "correct"
+        if from_proc and (correct or not changed) and await self._answered_from_proc(name):
+            due = False  # `correct`: the `up` of a change needs no refresh either
+        drift_correct = due and correct
+        detect = due and not drift_correct
+        if changed or drift_correct:
             await self._up(plan, resolved, refresh=drift_correct or forced)
-            if detect:
-                # After the `up`, not before: a real change does not wait for the check (issue 20), and
-                # what the check finds missing is not reported Provisioned again by the `up`'s report.
+            # After the `up`, not before: a real change does not wait for the check (issue 20), and what
+            # the check finds missing is not reported Provisioned again by the `up`'s report. The
+            # processes checked are those the `up` recorded (a stack's first `up` records them all).
+            if detect and not (from_proc and await self._answered_from_proc(name)):
                 await self._detect_drift(name)
         else:
             missing = await self._detect_drift(name) if detect else set()
@@ -240,19 +247,17 @@ class Reconciler:
             self.reporter.proxy_held(key, reason=Reason.CREDENTIALS_MISSING, message=message)
         return resolved
 
-    async def _answered_from_proc(self, plan: StackPlan) -> bool:
-        """A due drift check of a `local` stack whose recorded processes all run and hold their ports:
-        answered, no refresh (`automation/local_drift.py`). False for any other stack, or when a
-        process does not check out (then the refresh runs and reports)."""
-        name = plan.name
-        if name in self._refresh_due or not self._is_local(name) or not plan.proxies:
-            return False
+    async def _answered_from_proc(self, name: str) -> bool:
+        """A drift check of a `local` stack whose recorded processes all run and hold their ports is
+        answered: no refresh (`automation/local_drift.py`). False when a process does not check out (then
+        the refresh runs and reports)."""
         outputs = self._outputs
         found = await asyncio.to_thread(lambda: local_drift.unverified(outputs.get(name)))
         fields = {"fields": {"stack": name}}
         if found is not None:
             key, why = found
-            log.info("drift check of stack %s: a refresh, because %s: %s", name, key, why, extra=fields)
+            because = why if key == "-" else f"{key}: {why}"
+            log.info("drift check of stack %s: a refresh, because %s", name, because, extra=fields)
             return False
         self._checked(name)
         log.info(

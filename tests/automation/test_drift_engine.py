@@ -207,3 +207,28 @@ def test_a_restart_with_every_process_running_checks_them_in_proc(fleet: Fleet) 
         assert accepts(port)
 
     asyncio.run(fleet.run(scenario))
+
+
+def test_a_change_with_a_check_due_checks_the_processes_its_up_recorded(fleet: Fleet) -> None:
+    """A run with a real change and a drift check due (a resync, a stack's first run after a restart): the
+    `up` goes first, then the processes it recorded are checked in /proc; all running, no refresh follows
+    (the intake's first `up`s at 10,000 each ran one: 1,501 resources a stack)."""
+    fleet.write_catalogue(["local"], driftPolicy="detect")
+    fleet.write_proxy("first", port=free_port())
+
+    async def scenario() -> None:
+        controller = await fleet.apply()
+        checks = _recorded_checks(controller)
+        ups_before = controller.engine.up_count("local")
+        added = free_port()
+        fleet.write_proxy("added", port=added)
+        controller.sync(submit=False)  # a folder is read once it held still for one poll
+        assert controller.sync(submit=False) == {"local"}  # the change is planned first: one run, both
+        controller.request_resync()
+        await controller.queue.drain()
+        assert controller.engine.up_count("local") == ups_before + 1
+        assert checks == [], "the processes the `up` recorded all run"
+        assert accepts(added)
+        assert not controller.reconciler.drift_check_due("local")
+
+    asyncio.run(fleet.run(scenario))
