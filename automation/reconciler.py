@@ -108,8 +108,10 @@ class Reconciler:
         forced = name in self._run_due
         changed = forced or resolved.input.spec_hash != self._applied.get(name)
         correct = plan.entry.drift_policy == "correct"
-        if from_proc and (correct or not changed) and await self._answered_from_proc(name):
-            due = False  # `correct`: the `up` of a change needs no refresh either
+        outputs = None  # the stack's outputs, decoded once for the check and the report
+        if from_proc and (correct or not changed):
+            outputs = await self._answered_from_proc(name)
+            due = outputs is None  # answered; `correct`: the `up` of a change needs no refresh either
         drift_correct = due and correct
         detect = due and not drift_correct
         if changed or drift_correct:
@@ -117,13 +119,15 @@ class Reconciler:
             # After the `up`, not before: a real change does not wait for the check (issue 20), and what
             # the check finds missing is not reported Provisioned again by the `up`'s report. The
             # processes checked are those the `up` recorded (a stack's first `up` records them all).
-            if detect and not (from_proc and await self._answered_from_proc(name)):
+            if detect and not (from_proc and await self._answered_from_proc(name) is not None):
                 await self._detect_drift(name)
         else:
             missing = await self._detect_drift(name) if detect else set()
+            if outputs is None:
+                outputs = await asyncio.to_thread(self._outputs.get, name)  # decoded off the loop
             await self.reporter.stack_applied(
                 plan,
-                outputs=self._outputs.get(name),
+                outputs=outputs,
                 result=None,
                 missing=missing,
                 held=set(resolved.held),
@@ -247,25 +251,29 @@ class Reconciler:
             self.reporter.proxy_held(key, reason=Reason.CREDENTIALS_MISSING, message=message)
         return resolved
 
-    async def _answered_from_proc(self, name: str) -> bool:
+    async def _answered_from_proc(self, name: str) -> dict[str, Any] | None:
         """A drift check of a `local` stack whose recorded processes all run and hold their ports is
-        answered: no refresh (`automation/local_drift.py`). False when a process does not check out (then
-        the refresh runs and reports)."""
-        outputs = self._outputs
-        found = await asyncio.to_thread(lambda: local_drift.unverified(outputs.get(name)))
+        answered: no refresh (`automation/local_drift.py`); returns the stack's outputs, decoded for the
+        check. None when a process does not check out (then the refresh runs and reports)."""
+
+        def check() -> tuple[dict[str, Any], tuple[str, str] | None]:
+            outputs = self._outputs.get(name)
+            return outputs, local_drift.unverified(outputs)
+
+        outputs, found = await asyncio.to_thread(check)
         fields = {"fields": {"stack": name}}
         if found is not None:
             key, why = found
             because = why if key == "-" else f"{key}: {why}"
             log.info("drift check of stack %s: a refresh, because %s", name, because, extra=fields)
-            return False
+            return None
         self._checked(name)
         log.info(
             "drift check of stack %s: every applied proxy's process runs and holds its port (no refresh)",
             name,
             extra=fields,
         )
-        return True
+        return outputs
 
     def _checked(self, name: str) -> None:
         self._drift_due.discard(name)

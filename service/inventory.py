@@ -103,6 +103,11 @@ class Inventory:
     def upsert(self, endpoint: ProxyEndpoint) -> None:
         with self._lock:
             old = self._endpoints.get(endpoint.key)
+            if old == endpoint:
+                # The same as served: no change, nothing rebuilt, no waiter woken. A drift check or an
+                # `up` reports each proxy of its stack again, 500 at a time, and each upsert used to drop
+                # the healthy set (10,000 endpoints, rebuilt by the next lease) and wake every waiter.
+                return
             self._endpoints[endpoint.key] = endpoint
             if old is not None and _address(old) != _address(endpoint):
                 self._health.pop(endpoint.key, None)  # a new address must prove itself again

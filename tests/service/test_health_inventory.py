@@ -61,6 +61,26 @@ def test_listeners_hear_every_change_and_the_snapshot_is_shared_until_one() -> N
     assert inventory.healthy_keys() == frozenset()
 
 
+def test_an_endpoint_reported_again_unchanged_is_no_change() -> None:
+    """A drift check or an `up` reports every proxy of its stack again (500 at a time at 10,000): an equal
+    endpoint must not drop the healthy set the lease path reads, nor wake its waiters (issue 20)."""
+    inventory = Inventory()
+    heard: list[int] = []
+    inventory.add_listener(lambda: heard.append(inventory.version))
+    inventory.upsert(endpoint("a"))
+    inventory.set_health("default/a", HEALTHY)
+    served, version = inventory.healthy_keys(), inventory.version
+    inventory.upsert(endpoint("a"))  # an equal copy
+    assert inventory.version == version
+    assert len(heard) == 2
+    assert inventory.healthy_keys() is served
+    inventory.upsert(replace(endpoint("a"), instance_id="42-7"))  # the same address, a new process
+    assert inventory.version == version + 1
+    assert len(heard) == 3
+    assert inventory.get("default/a").instance_id == "42-7"
+    assert inventory.healthy_keys() == {"default/a"}
+
+
 def test_threads_can_write_while_readers_read() -> None:
     inventory = Inventory()
     inventory.replace_all([endpoint(f"p{i}") for i in range(200)])
