@@ -14,8 +14,9 @@ once per proxy instead, in a worker thread. When every proxy of the stack passes
 answered: nothing differs that a refresh would find. When one does not, the check says which and why, and
 the reconciler runs the refresh as before, which is what reports the drift or puts the resources back.
 
-It answers a resync's check and the check of a cold start (a restarted service whose proxies still run),
-never the repair of a proxy that fails its probes: there the process may run and hold its port and still
+It answers a resync's check, the check of a cold start (a restarted service whose proxies still run) and
+the check after a change's `up` (of the processes that `up` recorded), never the repair of a proxy that
+fails its probes: there the process may run and hold its port and still
 be wrong (a listener that no longer answers its control socket), and the refresh asks it.
 
 What it does not see, where a refresh would: a shared listener serving a proxy's port with another bind
