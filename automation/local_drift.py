@@ -40,12 +40,26 @@ def unverified(outputs: Mapping[str, Any]) -> tuple[str, str] | None:
     """The first proxy the stack's outputs say it runs whose recorded process does not check out, and why;
     None when every one does. A proxy planned but not applied yet has no process to check (its `up` starts
     it). Reads /proc: call it off the event loop."""
+    return first_unverified(applied_keys(outputs), outputs.get(PROXIES_OUTPUT))
+
+
+def applied_keys(outputs: Mapping[str, Any]) -> list[str] | None:
+    """What the check needs of the applied proxies (most of a stack's outputs): their keys, in order ("-"
+    for an entry that is not a proxy); None when the outputs record none."""
     applied = outputs.get(APPLIED_PROXIES_OUTPUT)
-    published = outputs.get(PROXIES_OUTPUT)
-    if not isinstance(applied, list) or not isinstance(published, Mapping):
+    if not isinstance(applied, list):
+        return None
+    return [
+        f"{item.get('namespace')}/{item.get('name')}" if isinstance(item, Mapping) else "-"
+        for item in applied
+    ]
+
+
+def first_unverified(keys: list[str] | None, published: object) -> tuple[str, str] | None:
+    """`unverified` of the applied proxies' keys (`applied_keys`) and the stack's `proxies` output."""
+    if keys is None or not isinstance(published, Mapping):
         return "-", "the stack's outputs record no proxies"
-    for item in applied:
-        key = f"{item.get('namespace')}/{item.get('name')}" if isinstance(item, Mapping) else "-"
+    for key in keys:
         out = published.get(key)
         if not isinstance(out, Mapping):
             return key, "the stack's outputs do not record where it serves"

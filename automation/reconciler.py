@@ -42,6 +42,9 @@ from stacks.models import Proxy
 from stacks.models.conditions import Reason
 
 log = logging.getLogger(__name__)
+# What a report reads of a stack's outputs (each proxy's address and its credentials): a run with no `up`
+# decodes its stack's outputs and keeps only these while it reports (the applied proxies are most of them)
+REPORTED_OUTPUTS = (local_drift.PROXIES_OUTPUT, CREDENTIALS_OUTPUT)
 
 
 class Reporter(Protocol):
@@ -56,7 +59,8 @@ class Reporter(Protocol):
         missing: set[str] | None = None,
         held: set[str] | None = None,
     ) -> None:
-        """Every proxy of the stack as applied; lets the event loop run between slices of them."""
+        """Every proxy of the stack as applied; lets the event loop run between slices of them. `outputs`:
+        the stack's outputs, at least those in REPORTED_OUTPUTS (a run with no `up` passes only those)."""
         ...
 
     def stack_removed(self, name: str) -> None: ...
@@ -88,6 +92,7 @@ class Reconciler:
     _drift_due: set[str] = field(default_factory=set)
     _refresh_due: set[str] = field(default_factory=set)  # drift checks that /proc may not answer
     _run_due: set[str] = field(default_factory=set)  # an `up` was asked for (reconcile-requested-at)
+    _reporting: asyncio.Lock = field(default_factory=asyncio.Lock)  # a run with no `up`: its report
     updates: UpdateLog = field(default_factory=UpdateLog)  # each stack's last up or destroy
 
     async def __call__(self, name: str) -> None:
@@ -108,10 +113,8 @@ class Reconciler:
         forced = name in self._run_due
         changed = forced or resolved.input.spec_hash != self._applied.get(name)
         correct = plan.entry.drift_policy == "correct"
-        outputs = None  # the stack's outputs, decoded once for the check and the report
         if from_proc and (correct or not changed):
-            outputs = await self._answered_from_proc(name)
-            due = outputs is None  # answered; `correct`: the `up` of a change needs no refresh either
+            due = not await self._answered_from_proc(name)  # `correct`: a change's `up` needs no refresh
         drift_correct = due and correct
         detect = due and not drift_correct
         if changed or drift_correct:
@@ -119,19 +122,19 @@ class Reconciler:
             # After the `up`, not before: a real change does not wait for the check (issue 20), and what
             # the check finds missing is not reported Provisioned again by the `up`'s report. The
             # processes checked are those the `up` recorded (a stack's first `up` records them all).
-            if detect and not (from_proc and await self._answered_from_proc(name) is not None):
+            if detect and not (from_proc and await self._answered_from_proc(name)):
                 await self._detect_drift(name)
         else:
+            held = set(resolved.held)
+            del resolved  # its input (every proxy of the stack as JSON) is not held through the report
             missing = await self._detect_drift(name) if detect else set()
-            if outputs is None:
-                outputs = await asyncio.to_thread(self._outputs.get, name)  # decoded off the loop
-            await self.reporter.stack_applied(
-                plan,
-                outputs=outputs,
-                result=None,
-                missing=missing,
-                held=set(resolved.held),
-            )
+            async with self._reporting:  # one stack's report at a time: the resync's reports, 4 at once,
+                # held 4 stacks' outputs and transients and raised the RSS for good (bench_leader_state)
+                outputs = await asyncio.to_thread(self._outputs.get, name, REPORTED_OUTPUTS)  # off the loop
+                await self.reporter.stack_applied(
+                    plan, outputs=outputs, result=None, missing=missing, held=held
+                )
+                del outputs
         if self._release(plan.deleting) and not self.planner.plan(name).referenced:
             await self._destroy(name)  # the last proxies just left: nothing may stay behind
 
@@ -243,7 +246,9 @@ class Reconciler:
         return entry is not None and entry.type == "local"
 
     def _resolve(self, plan: StackPlan) -> ResolvedStack:
-        applied_credentials = self._outputs.get(plan.name).get(CREDENTIALS_OUTPUT) or {}
+        applied_credentials = (
+            self._outputs.get(plan.name, (CREDENTIALS_OUTPUT,)).get(CREDENTIALS_OUTPUT) or {}
+        )
         resolved = resolve_stack(plan, self.credentials, applied_credentials=applied_credentials)
         for key, message in resolved.skipped.items():
             self.reporter.proxy_event(key, reason=Reason.CREDENTIALS_MISSING, message=message, warning=True)
@@ -251,29 +256,33 @@ class Reconciler:
             self.reporter.proxy_held(key, reason=Reason.CREDENTIALS_MISSING, message=message)
         return resolved
 
-    async def _answered_from_proc(self, name: str) -> dict[str, Any] | None:
+    async def _answered_from_proc(self, name: str) -> bool:
         """A drift check of a `local` stack whose recorded processes all run and hold their ports is
-        answered: no refresh (`automation/local_drift.py`); returns the stack's outputs, decoded for the
-        check. None when a process does not check out (then the refresh runs and reports)."""
+        answered: no refresh (`automation/local_drift.py`). False when a process does not check out (then
+        the refresh runs and reports)."""
 
-        def check() -> tuple[dict[str, Any], tuple[str, str] | None]:
-            outputs = self._outputs.get(name)
-            return outputs, local_drift.unverified(outputs)
+        def kept(outputs: dict[str, Any]) -> tuple[list[str] | None, Any]:
+            # under the lock of one decode at a time (automation/stack_outputs.py): the applied proxies,
+            # most of the outputs, are dropped before /proc is read
+            return local_drift.applied_keys(outputs), outputs.get(local_drift.PROXIES_OUTPUT)
 
-        outputs, found = await asyncio.to_thread(check)
+        def check() -> tuple[str, str] | None:
+            return local_drift.first_unverified(*self._outputs.read(name, kept))
+
+        found = await asyncio.to_thread(check)
         fields = {"fields": {"stack": name}}
         if found is not None:
             key, why = found
             because = why if key == "-" else f"{key}: {why}"
             log.info("drift check of stack %s: a refresh, because %s", name, because, extra=fields)
-            return None
+            return False
         self._checked(name)
         log.info(
             "drift check of stack %s: every applied proxy's process runs and holds its port (no refresh)",
             name,
             extra=fields,
         )
-        return outputs
+        return True
 
     def _checked(self, name: str) -> None:
         self._drift_due.discard(name)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -45,3 +47,43 @@ def test_an_unknown_or_removed_stack_has_no_outputs() -> None:
     assert store.get("s") == {}
     assert store.names("s") == ()
     assert "s" not in store
+
+
+def test_a_reader_can_keep_only_the_outputs_it_names() -> None:
+    store = StackOutputs()
+    store.put("s", {"appliedProxies": [{"name": "p1"}], "proxies": {"crawl/p1": {}}, "credentials": {}})
+    assert store.get("s", ("proxies", "credentials", "specHash")) == {
+        "proxies": {"crawl/p1": {}},
+        "credentials": {},
+    }
+    assert store.get("nope", ("proxies",)) == {}
+    assert store.read("s", lambda outputs: sorted(outputs)) == ["appliedProxies", "credentials", "proxies"]
+
+
+def test_outputs_are_decoded_one_stack_at_a_time() -> None:
+    """The queue's workers decode in threads: four stacks' outputs at once, each held while its report went
+    on, raised a leader's RSS for good (bench_leader_state's resync). A second read waits for the first's
+    `use` to return."""
+    store = StackOutputs()
+    store.put("a", {"proxies": {"crawl/a": {}}})
+    store.put("b", {"proxies": {"crawl/b": {}}})
+    inside, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def hold(outputs: dict[str, object]) -> None:
+        order.append("a in")
+        inside.set()
+        assert release.wait(10)
+        order.append("a out")
+
+    first = threading.Thread(target=store.read, args=("a", hold))
+    first.start()
+    assert inside.wait(10)
+    second = threading.Thread(target=lambda: order.append(f"b {sorted(store.get('b'))}"))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive(), "the second decode did not wait for the first"
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert order == ["a in", "a out", "b ['proxies']"]

@@ -14,6 +14,13 @@ parts a leader keeps them in, in the order the leader does:
 - the health state (`Inventory.set_health`);
 - the status writer's last-written copy (`StatusWriter._write`, the PATCH not sent);
 - the events recorder's per-object state (`EventRecorder._send` of every event, the POST not sent).
+Then a resync's reports (BENCH_CASE=applied only): every stack reported again from its kept outputs, as a
+drift check answered from /proc does, `max_parallel` (4) stacks at a time as the queue runs them, first as the
+reconciler does (one decode at a time, one report at a time, only what a report reads held through it),
+then as it did before (each worker's thread decoding all its stack's outputs at once, the four reports
+interleaved, each holding all its outputs): the RSS each adds and
+its peak of traced memory. The RSS keeps its highest mark: the way that runs first (the current one;
+BENCH_RESYNC_FIRST=before for the other) is the one whose RSS figure counts.
 Each part is measured with tracemalloc (the bytes still allocated after the part took every Proxy, over
 the count), and the whole with the process's VmRSS. Asserts nothing; prints bytes per Proxy.
 `PYTHONPATH=$PWD .venv/bin/python tests/bench/bench_leader_state.py` (BENCH_CASE=stalled or applied: only
@@ -23,6 +30,7 @@ those; both by default).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -62,6 +70,7 @@ except ImportError:  # a tree before stacks/compact.py: plain zlib
 
 PROXIES = int(os.environ.get("BENCH_PROXIES", "10000"))
 CASES = os.environ.get("BENCH_CASE", "stalled,applied").split(",")
+FIRST = os.environ.get("BENCH_RESYNC_FIRST", "now")  # or "before": whose RSS the resync's figure shows
 TOP = int(os.environ.get("BENCH_TOP", "0"))  # print each part's largest allocation sites
 STACKS = 20
 
@@ -206,7 +215,82 @@ def main() -> None:
             recorder._send(recorder._queue.popleft())
     print(f"  total {sum(figures.values()):.0f} B/Proxy")
     print(f"VmRSS {vm_rss():.1f} MiB, {vm_rss() - start:.1f} MiB above the start")
+    if CASES == ["applied"]:
+        resync(planner, [plan for plan in plans.values() if plan.entry is not None], reporter)
     _ = (objects, emitted, planner, plans, board, inventory, reporter, writer, recorder, cluster)
+
+
+def resync(planner: Planner, plans: list[Any], reporter: Reporter) -> None:
+    """A resync's reports of every stack, 4 at a time, the current way, then the way before."""
+    from automation import local_drift
+    from automation.engine import APPLIED_PROXIES_OUTPUT
+    from automation.reconciler import REPORTED_OUTPUTS
+    from automation.stack_outputs import StackOutputs
+
+    store = StackOutputs()
+    for plan in plans:  # what a stack of `local` proxies records (stacks/programs/local.py)
+        published = {
+            p.key: {
+                "host": "127.0.0.1",
+                "port": p.proxy.spec.port,
+                "protocol": "http",
+                "instanceId": f"{1000 + n}:{123456 + n}",
+                "control": f"/tmp/state/{plan.name}/{p.key.replace('/', '-')}.sock",
+            }
+            for n, p in enumerate(plan.proxies)
+        }
+        applied = [p.proxy.model_dump(mode="json", by_alias=True, exclude_none=True) for p in plan.proxies]
+        store.put(plan.name, {"proxies": published, "credentials": {}, APPLIED_PROXIES_OUTPUT: applied})
+
+    def kept(outputs: dict[str, Any]) -> tuple[list[str] | None, Any]:  # the reconciler's check
+        return local_drift.applied_keys(outputs), outputs.get(local_drift.PROXIES_OUTPUT)
+
+    async def now(name: str) -> dict[str, Any]:
+        await asyncio.to_thread(store.read, name, kept)  # the check (its /proc reads left out)
+        return await asyncio.to_thread(store.get, name, REPORTED_OUTPUTS)  # the report's, under its lock
+
+    async def before(name: str) -> dict[str, Any]:
+        def whole() -> dict[str, Any]:
+            return json.loads(zlib.decompress(store._packed[name]))  # no lock, nothing dropped
+
+        return await asyncio.to_thread(whole)
+
+    ways = {
+        "now": ("as the reconciler reads them", now),
+        "before": ("before: whole, decoded at once", before),
+    }
+    order = ["before", "now"] if FIRST == "before" else ["now", "before"]
+
+    def run(read: Any) -> None:
+        async def all_stacks() -> None:
+            limit = asyncio.Semaphore(4)  # the queue's max_parallel
+            reporting = asyncio.Lock() if read is now else contextlib.nullcontext()  # the reconciler's
+
+            async def one(plan: Any) -> None:
+                async with limit, reporting:
+                    outputs = await read(plan.name)
+                    await reporter.stack_applied(planner.plan(plan.name), outputs=outputs, result=None)
+
+            await asyncio.gather(*(one(plan) for plan in plans))
+
+        asyncio.run(all_stacks())
+        gc.collect()
+
+    for way in order:  # the RSS, untraced: the first one's figure is the one to read
+        label, read = ways[way]
+        gc.collect()
+        rss = vm_rss()
+        run(read)
+        print(f"  resync's reports, {label:32s} RSS {vm_rss() - rss:+5.1f} MiB")
+    for way in order:  # then each one's peak of traced memory
+        label, read = ways[way]
+        gc.collect()
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        run(read)
+        peak = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        print(f"  resync's reports, {label:32s} peak traced {peak / 2**20:5.1f} MiB")
 
 
 def _status(writer: StatusWriter, key: str) -> dict[str, Any]:
