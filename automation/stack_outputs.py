@@ -7,8 +7,8 @@ publishes what runs. Deflated they take about 53 KiB a stack; a read decodes the
 milliseconds a stack). Secrets stay in this process's memory either way.
 
 Decoding is one stack at a time (a lock): the queue's workers decode in threads, and four stacks' outputs
-decoded at once, each held while its stack's report went on, raised a leader's RSS by about 7 MiB for good in
-the first resync at 10,000 running proxies (tests/bench/bench_leader_state.py, docs/operations.md run 43). A
+decoded at once, each held while its stack's report went on, raised a leader's RSS by 5-6 MiB for good in a
+resync at 10,000 running proxies (tests/bench/bench_leader_state.py, docs/operations.md run 43). A
 reader that needs only some outputs names them (`only`) and keeps only those; one that needs all of them
 for a moment uses `read`, which drops them before the next decode starts.
 """
