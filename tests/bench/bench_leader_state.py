@@ -14,7 +14,7 @@ parts a leader keeps them in, in the order the leader does:
 - the health state (`Inventory.set_health`);
 - the status writer's last-written copy (`StatusWriter._write`, the PATCH not sent);
 - the events recorder's per-object state (`EventRecorder._send` of every event, the POST not sent).
-Then a resync's reports (BENCH_CASE=applied only): every stack reported again from its kept outputs, as a
+Then a resync's reports (of the applied ones): every stack reported again from its kept outputs, as a
 drift check answered from /proc does, `max_parallel` (4) stacks at a time as the queue runs them, first as the
 reconciler does (one decode at a time, one report at a time, only what a report reads held through it),
 then as it did before (each worker's thread decoding all its stack's outputs at once, the four reports
@@ -215,13 +215,15 @@ def main() -> None:
             recorder._send(recorder._queue.popleft())
     print(f"  total {sum(figures.values()):.0f} B/Proxy")
     print(f"VmRSS {vm_rss():.1f} MiB, {vm_rss() - start:.1f} MiB above the start")
-    if CASES == ["applied"]:
+    if "applied" in CASES:
         resync(planner, [plan for plan in plans.values() if plan.entry is not None], reporter)
     _ = (objects, emitted, planner, plans, board, inventory, reporter, writer, recorder, cluster)
 
 
 def resync(planner: Planner, plans: list[Any], reporter: Reporter) -> None:
     """A resync's reports of every stack, 4 at a time, the current way, then the way before."""
+    applied = sum(len(plan.proxies) for plan in plans)
+    print(f"a resync's reports: {len(plans)} stacks of {applied} applied proxies, 4 at a time")
     from automation import local_drift
     from automation.engine import APPLIED_PROXIES_OUTPUT
     from automation.reconciler import REPORTED_OUTPUTS
