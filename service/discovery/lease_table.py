@@ -8,8 +8,9 @@ Each lease is a slot: its fields sit in one list or array per field, and its id 
 leases a second with 60-s leases a replica keeps about 30,000 running leases and 20,000 ended ones. As a
 tuple per lease with two floats of its own in a lease book, plus a tuple in its client's dict of leases
 and one in its client's heap of ends, a lease cost about 290 bytes beside its id (traced, 30,000 running);
-here it costs 57 bytes of columns and, while it runs, 12 bytes in the heap of ends and one entry in its
-client's list. Its id is kept as its 16 bytes at its slot in `IdIndex` (`id_index.py`, about 26 bytes with
+here it costs 45 bytes of columns (its client and target as one pair's id: `PairIds`, 4 bytes where two
+lists of strings took 16) and, while it runs, 12 bytes in the heap of ends and one entry in its client's
+list. Its id is kept as its 16 bytes at its slot in `IdIndex` (`id_index.py`, about 26 bytes with
 its index) instead of a string, a dict entry and an int (about 170 bytes: 8.9 MiB at 50,000 kept leases,
 census run 27 in operations.md). A slot is reused once its lease is forgotten; the columns keep their
 largest size, as a dict does.
@@ -30,6 +31,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Iterator
 
+from service.discovery.holds import PairIds
 from service.discovery.id_index import IdIndex
 from service.discovery.slot_queues import EndHeap, SlotRing
 from service.discovery.store import LeaseRecord
@@ -51,13 +53,18 @@ RELEASED, BANNED = 4, 8  # flags beside the state
 
 class LeaseTable:
     def __init__(
-        self, *, ended_kept: int = ENDED_KEPT, on_end: Callable[[str, str, str, float], None]
+        self,
+        *,
+        ended_kept: int = ENDED_KEPT,
+        on_end: Callable[[str, str, str, float], None],
+        pairs: PairIds | None = None,
     ) -> None:
+        """`pairs`: the ids of (client, target) pairs, shared with whoever else keeps them (the holds)."""
         self.ended_kept = ended_kept
         self._on_end = on_end
         self._slot = IdIndex()  # lease id -> slot
-        self._client: list[str] = []
-        self._target: list[str] = []
+        self._pair = array("I")  # per slot: its (client, target)'s id in `_pairs`
+        self._pairs = PairIds() if pairs is None else pairs
         self._proxy: list[str] = []
         self._handed = array("d")
         self._expires = array("d")
@@ -80,10 +87,11 @@ class LeaseTable:
         if slot is None:
             return None
         state = self._state[slot]
+        client, target = self._pairs.names(self._pair[slot])
         return LeaseRecord(
             lease_id,
-            self._client[slot],
-            self._target[slot],
+            client,
+            target,
             self._proxy[slot],
             self._handed[slot],
             self._expires[slot],
@@ -118,6 +126,10 @@ class LeaseTable:
                 ends[proxy] = max(ends.get(proxy, 0.0), end)
         return ends
 
+    def pairs_named(self) -> int:
+        """How many (client, target) pairs are named (by the kept leases, and whoever shares the ids)."""
+        return len(self._pairs)
+
     def counts(self, *, now: float) -> tuple[int, int]:
         """(leases running at `now`, ended leases still kept)."""
         state, expires = self._state, self._expires
@@ -132,8 +144,7 @@ class LeaseTable:
         """A new lease (running). Its id must be new."""
         slot = self._free.pop() if self._free else self._grow()
         self._slot.put(lease.lease_id, slot)
-        self._client[slot] = lease.client
-        self._target[slot] = lease.target
+        self._pair[slot] = self._pairs.use(lease.client, lease.target)
         self._proxy[slot] = lease.proxy
         self._handed[slot] = lease.handed_at
         self._expires[slot] = lease.expires_at
@@ -171,7 +182,7 @@ class LeaseTable:
         if slot is None or self._state[slot] & BANNED:
             return None
         self._state[slot] |= BANNED
-        return self._client[slot]
+        return self._pairs.names(self._pair[slot])[0]
 
     def expire(self, now: float) -> None:
         """Notice every running lease that ended by `now` (its end is then reported to `on_end`)."""
@@ -198,7 +209,7 @@ class LeaseTable:
     def _end(self, slot: int) -> None:
         self._state[slot] = (self._state[slot] & ~STATE) | ENDED
         self._running -= 1
-        client = self._client[slot]
+        client, target = self._pairs.names(self._pair[slot])
         left = self._running_of[client] - 1
         if left:
             self._running_of[client] = left
@@ -210,7 +221,7 @@ class LeaseTable:
             del self._running_of[client], self._of_client[client]
             self._front.pop(client, None)
         self._ended.append(slot)
-        self._on_end(client, self._target[slot], self._proxy[slot], self._expires[slot])
+        self._on_end(client, target, self._proxy[slot], self._expires[slot])
 
     def _valid(self, entry: int) -> bool:
         """Is this entry of a client's list a running lease (not one that ended, or a slot reused since)?"""
@@ -236,8 +247,7 @@ class LeaseTable:
 
     def _grow(self) -> int:
         slot = len(self._state)
-        self._client.append("")
-        self._target.append("")
+        self._pair.append(0)  # a free slot names no pair (nor counts as one of its uses)
         self._proxy.append("")
         self._handed.append(0.0)
         self._expires.append(0.0)
@@ -247,7 +257,8 @@ class LeaseTable:
 
     def _free_slot(self, slot: int) -> None:
         self._slot.remove(slot)
-        self._client[slot] = self._target[slot] = self._proxy[slot] = ""
+        self._pairs.drop(self._pair[slot])
+        self._proxy[slot] = ""
         self._state[slot] = FREE
         self._generation[slot] = (self._generation[slot] + 1) % GENERATIONS
         self._free.append(slot)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 
 from service.discovery.fair_share import MemoryHoldings, charged, rate_allowance
 from service.discovery.handout_order import HandOutOrder
+from service.discovery.holds import HoldTable, PairIds
 from service.discovery.lease_table import ENDED_KEPT, LEASE_GRACE, LeaseTable
 from service.discovery.report_book import ReportBook
 from service.discovery.report_summary import ReportEntry, ReportSummaries
@@ -63,10 +64,11 @@ class MemoryStore:
         self._lru = HandOutOrder()
         self._resume: dict[tuple[str, str], _Resume] = {}  # (client, target) -> where its walk resumes
         self._forgiven: dict[str, int] = {}  # target -> good reports that removed a penalty
-        self._hold: dict[tuple[str, str], dict[str, float]] = {}  # (client, target) -> proxy -> until
+        self._pairs = PairIds()  # (client, target) -> a small id, for the leases and the holds
+        self._holds = HoldTable(self._pairs)  # (client, target, proxy) -> until: running leases, cooldowns
         self._penalty: dict[str, dict[str, tuple[float, int]]] = {}  # target -> proxy -> (until, strikes)
         self._holdings = MemoryHoldings()
-        self._leases = LeaseTable(ended_kept=ended_kept, on_end=self._lease_ended)
+        self._leases = LeaseTable(ended_kept=ended_kept, on_end=self._lease_ended, pairs=self._pairs)
         self._report_keep = report_keep
         self._sessions: dict[tuple[str, str], tuple[str, float]] = {}  # -> (proxy, idle expiry)
         self._last_candidates: Collection[str] | None = None
@@ -85,7 +87,8 @@ class MemoryStore:
         self._leases.expire(now)
         self._leases.forget(now)
         pair = (request.client, request.target)
-        held = self._hold.setdefault(pair, {})
+        pair_id = self._pairs.find(request.client, request.target)  # None: it holds nothing
+        holds = self._holds
         penalised = self._penalty.get(request.target, {})
         candidates, ignore_cooldown = request.candidates, request.ignore_cooldown
         count, share = request.count, request.share
@@ -131,8 +134,8 @@ class MemoryStore:
                 not only_held or (key in pool and holdings.holds(client, target=target, proxy=key, now=now))
             ):
                 at = penalised.get(key, NO_PENALTY)[0]
-                if not ignore_cooldown:
-                    at = max(at, held.get(key, 0.0))
+                if not ignore_cooldown and pair_id is not None:
+                    at = max(at, holds.get(pair_id, key))
                 if at <= now:
                     picked.append(key)
                     if room is not None and not (
@@ -148,7 +151,7 @@ class MemoryStore:
                 run_end, run_until, skipped = position, min(run_until, at), skipped + 1
         if skipped >= RESUME_AFTER and walk and not (ignore_cooldown or full):
             self._remember(pair, candidates, position=run_end, until=run_until)
-        leases = self._hand_out(request, picked, held=held, now=now)
+        leases = self._hand_out(request, picked, pair_id=pair_id, now=now)
         limited = None
         if not leases and full and self._kept_away(request, candidates, pool, only_held=only_held, now=now):
             # when it holds each (every lease's end): counted only for the answer that it must wait
@@ -196,8 +199,9 @@ class MemoryStore:
         return most + count <= share.holding
 
     def _hand_out(
-        self, request: AcquireRequest, picked: list[str], *, held: dict[str, float], now: float
+        self, request: AcquireRequest, picked: list[str], *, pair_id: int | None, now: float
     ) -> list[LeaseRecord]:
+        """`pair_id`: the request's pair's, when something used it before these leases."""
         leases = [
             self._lease(request, key=key, lease_id=lid, now=now)
             for key, lid in zip(picked, request.lease_ids, strict=False)
@@ -206,9 +210,13 @@ class MemoryStore:
         tat = None
         if share is not None and share.rate is not None and leases:
             tat = charged(self._holdings.bucket(request.client), now=now, rate=share.rate, count=len(leases))
+        holds = self._holds
+        if pair_id is None and leases:
+            pair_id = self._pairs.find(request.client, request.target)  # the leases just taken name it
         for lease in leases:
+            assert pair_id is not None
             until = lease.expires_at if request.ttl > request.cooldown else now + request.cooldown
-            held[lease.proxy] = max(held.get(lease.proxy, 0.0), until)  # a sticky re-use never lowers it
+            holds.raise_to(pair_id, lease.proxy, until)  # a sticky re-use never lowers it
             self._reports.held(client=lease.client, proxy=lease.proxy, until=lease.expires_at)
             self._holdings.took(lease.client, proxy=lease.proxy, tat=tat)
             self._lru.touch(lease.proxy, now)
@@ -279,9 +287,11 @@ class MemoryStore:
             lease = self._get(lease_id)
             if lease is None or lease.released or lease.expires_at <= now:
                 return None
-            held = self._hold.get((lease.client, lease.target), {})
-            if held.get(lease.proxy) == lease.expires_at:
-                held[lease.proxy] = max(lease.handed_at + cooldown, now)
+            pair_id = self._kept_pair(lease)
+            if (
+                self._holds.get(pair_id, lease.proxy, -INFINITY) == lease.expires_at
+            ):  # the hold is this lease's
+                self._holds.put(pair_id, lease.proxy, max(lease.handed_at + cooldown, now))
                 self._resume.pop((lease.client, lease.target), None)
             self._leases.released(lease_id, now=now)
             return replace(lease, expires_at=now, released=True)
@@ -292,10 +302,10 @@ class MemoryStore:
             if lease is None or lease.released or lease.expires_at <= now:
                 return None
             until = now + ttl
-            held = self._hold.setdefault((lease.client, lease.target), {})
-            current = held.get(lease.proxy, 0.0)
+            pair_id = self._kept_pair(lease)
+            current = self._holds.get(pair_id, lease.proxy)
             if current == lease.expires_at or current < until:  # the hold is this lease's (or shorter)
-                held[lease.proxy] = max(lease.handed_at + cooldown, until)
+                self._holds.put(pair_id, lease.proxy, max(lease.handed_at + cooldown, until))
                 self._resume.pop((lease.client, lease.target), None)
             self._reports.held(client=lease.client, proxy=lease.proxy, until=until)
             self._leases.renewed(lease_id, until=until)
@@ -407,7 +417,7 @@ class MemoryStore:
     def kept_holds(self) -> int:
         """(client, target, proxy) holds kept: running leases' and cooldowns' (until a sweep, some ended)."""
         with self._lock:
-            return sum(len(held) for held in self._hold.values())
+            return len(self._holds)
 
     def kept_pairs(self) -> int:
         """(client, proxy) pairs kept for reports (who held which proxy)."""
@@ -425,22 +435,21 @@ class MemoryStore:
         cooldown or a longer lease on the same proxy keeps it (a hold kept a minute past its end by the
         sweep was 1.7 MiB at 500 leases a second: census run 27 in operations.md)."""
         self._holdings.ended(client, proxy)
-        pair = (client, target)
-        held = self._hold.get(pair)
-        if held is not None and held.get(proxy, INFINITY) <= end:
-            del held[proxy]
-            if not held:
-                del self._hold[pair]
+        pair_id = self._pairs.find(client, target)  # its slot names it until it is forgotten
+        if pair_id is not None:
+            self._holds.end_by(pair_id, proxy, end)
+
+    def _kept_pair(self, lease: LeaseRecord) -> int:
+        """The pair id of a lease the table keeps (its slot names it)."""
+        pair_id = self._pairs.find(lease.client, lease.target)
+        assert pair_id is not None, lease
+        return pair_id
 
     def _maybe_sweep(self, now: float) -> None:
         if now < self._next_sweep:
             return
         self._next_sweep = now + SWEEP_EVERY
-        for pair, held in list(self._hold.items()):
-            for key in [k for k, until in held.items() if until <= now]:
-                del held[key]
-            if not held:
-                del self._hold[pair]
+        self._holds.sweep(now)
         for pair in [p for p, (_, until) in self._sessions.items() if until <= now]:
             del self._sessions[pair]
         lru = self._lru

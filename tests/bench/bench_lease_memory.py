@@ -4,13 +4,18 @@ The in-cluster bench leases for 30 s; a service leases for days. The memory stor
 it runs and, after it ends, for late reports (docs/api.md, "Leases"): at 500 leases a second that is the
 lease records of an hour, unless a bound forgets the oldest ended ones first. This drives `MemoryStore`
 directly on a simulated clock (no server, no sockets): BENCH_PROXIES proxies, BENCH_CLIENTS clients
-taking turns, BENCH_RATE leases a second of BENCH_TTL seconds, every other one released after
-BENCH_HOLD seconds, for BENCH_SECONDS simulated seconds, a report (a ban) on one lease in 50. It prints,
+taking turns over BENCH_TARGETS targets, BENCH_RATE leases a second of BENCH_TTL seconds, one in
+BENCH_RELEASE_EVERY (2; 0: none) released after BENCH_HOLD seconds, for BENCH_SECONDS simulated seconds, a
+report (a ban) on one lease in 50, each client held to BENCH_SHARE of the proxies when set (as a
+token's `leaseShare`). It prints,
 at each checkpoint, the leases the store keeps (live and ended), the (client, proxy) pairs it keeps for
 reports by proxy (for the service's report window) and the process's RSS above its start
-(the store is all this process holds). Printed, never asserted. About a minute at the defaults.
+(the store is all this process holds) and the store's CPU a lease. Printed, never asserted. About a
+minute at the defaults.
 
-Reproduce: PYTHONPATH=$PWD .venv/bin/python tests/bench/bench_lease_memory.py
+Reproduce: PYTHONPATH=$PWD .venv/bin/python tests/bench/bench_lease_memory.py; bench_running.py's lease
+load (one token, 100 targets, none released): BENCH_CLIENTS=1 BENCH_TARGETS=100 BENCH_RELEASE_EVERY=0
+BENCH_SHARE=1 BENCH_SECONDS=300.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from service.discovery.fair_share import holding_limit  # noqa: E402
 from service.discovery.memory import MemoryStore  # noqa: E402
-from service.discovery.store import AcquireRequest  # noqa: E402
+from service.discovery.store import AcquireRequest, FairShare  # noqa: E402
 from service.memory import trim  # noqa: E402
 from service.settings import DiscoverySettings  # noqa: E402
 
@@ -35,6 +41,9 @@ RATE = int(os.environ.get("BENCH_RATE", "500"))
 TTL = float(os.environ.get("BENCH_TTL", "60"))
 HOLD = float(os.environ.get("BENCH_HOLD", "5"))
 SECONDS = int(os.environ.get("BENCH_SECONDS", "3600"))
+TARGETS = int(os.environ.get("BENCH_TARGETS", "50"))
+RELEASE_EVERY = int(os.environ.get("BENCH_RELEASE_EVERY", "2"))
+SHARE = float(os.environ["BENCH_SHARE"]) if os.environ.get("BENCH_SHARE") else None
 CHECKPOINTS = (60, 300, 900, 1800, 3600, 7200)
 
 
@@ -55,14 +64,20 @@ async def main() -> None:
     store = MemoryStore(ended_kept=settings.ended_leases_kept, report_keep=settings.report_keep_seconds)
     candidates = frozenset(f"bench/p{i:05d}" for i in range(PROXIES))
     clients = [f"client-{c:02d}" for c in range(CLIENTS)]
-    targets = [f"site-{t:02d}.example" for t in range(50)]
+    targets = [f"site-{t:02d}.example" for t in range(TARGETS)]
+    share = (
+        None
+        if SHARE is None
+        else FairShare(pool=candidates, holding=holding_limit(SHARE, PROXIES), rate=None, burst=1.0)
+    )
     trim()
     start_rss = rss_mib()
     releases: list[tuple[float, str]] = []
     issued = 0
-    started = time.perf_counter()
-    print(f"{PROXIES} proxies, {CLIENTS} clients, {RATE} leases/s of {TTL:.0f} s, every other released after")
-    print(f"{HOLD:.0f} s, a ban report on one in 50; RSS at the start {start_rss:.1f} MiB")
+    started, cpu = time.perf_counter(), time.process_time()
+    released = f"one in {RELEASE_EVERY} released after {HOLD:.0f} s" if RELEASE_EVERY else "none released"
+    print(f"{PROXIES} proxies, {CLIENTS} clients over {TARGETS} targets, {RATE} leases/s of {TTL:.0f} s,")
+    print(f"{released}, a ban report on one in 50; RSS at the start {start_rss:.1f} MiB")
     for second in range(1, SECONDS + 1):
         for n in range(RATE):
             now = second + n / RATE
@@ -75,13 +90,14 @@ async def main() -> None:
                 ttl=TTL,
                 cooldown=1.0,
                 lease_ids=[lease_id],
+                share=share,
             )
             got = await store.acquire(request, now=now)
             issued += 1
             if not got.leases:
                 continue
             lease = got.leases[0]
-            if issued % 2:
+            if RELEASE_EVERY and issued % RELEASE_EVERY == 1 % RELEASE_EVERY:
                 releases.append((now + HOLD, lease.lease_id))
             if issued % 50 == 0:
                 await store.penalise(
@@ -102,7 +118,8 @@ async def main() -> None:
             print(
                 f"  at {second:5d} s: {issued:,} leased, the store keeps {live:,} live and {ended:,} ended,"
                 f" {store.kept_pairs():,} (client, proxy) pairs;"
-                f" RSS +{grown:.1f} MiB ({took:.0f} s of real time)"
+                f" RSS +{grown:.1f} MiB ({took:.0f} s of real time,"
+                f" {(time.process_time() - cpu) / issued * 1e6:.1f} us of CPU a lease)"
             )
 
 

@@ -14,7 +14,7 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.discovery.lease_table import LEASE_GRACE
+from service.discovery.lease_table import LEASE_GRACE, LeaseTable
 from service.discovery.memory import SWEEP_EVERY, MemoryStore
 from service.discovery.store import AcquireRequest, LeaseRecord
 
@@ -197,3 +197,39 @@ def test_a_lease_s_hold_goes_when_the_lease_ends_not_at_the_next_sweep() -> None
     asyncio.run(store.acquire(request, now=NOW + 7))
     take(store, at=NOW + 20, ttl=5)  # the cooled lease ended at NOW + 12; its hold runs to NOW + 37
     assert store.kept_holds() == 2
+
+
+names = st.tuples(st.sampled_from(["a", "b", "c"]), st.sampled_from(["t1", "t2", "t3", "t4"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(names, st.sampled_from([1.0, 5.0, 30.0])), max_size=60), bound=st.integers(0, 3)
+)
+def test_each_kept_lease_names_its_own_client_and_target_and_a_pair_goes_with_its_last_lease(
+    steps: list[tuple[tuple[str, str], float]], bound: int
+) -> None:
+    """A slot keeps its (client, target) as a pair's id (`PairIds`): each kept lease reads back with its own
+    names after slots were reused by other pairs, its end is told with them, and a pair no kept lease names
+    is forgotten (targets are the clients' own strings: a table that only grew would keep them all)."""
+    told: list[tuple[str, str, str]] = []
+    table = LeaseTable(
+        ended_kept=bound,
+        on_end=lambda client, target, lease_id, _end: told.append((client, target, lease_id)),
+    )
+    now, named = 0.0, {}
+    for (client, target), ttl in steps:
+        lease_id = f"l{len(named)}"
+        table.taken(LeaseRecord(lease_id, client, target, lease_id, now, now + ttl))  # proxy = its id
+        named[lease_id] = (client, target)
+        now += 2.0
+        table.sweep(now)
+        for kept_id, pair in named.items():
+            record = table.record(kept_id)
+            if record is not None:
+                assert (record.client, record.target) == pair
+        kept = {named[i] for i in named if table.record(i) is not None}
+        assert table.pairs_named() == len(kept)
+    assert all(named[lease_id] == (client, target) for client, target, lease_id in told)
+    table.sweep(now + 100 + LEASE_GRACE)
+    assert table.pairs_named() == 0
