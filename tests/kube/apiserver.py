@@ -193,11 +193,24 @@ def start_apiserver(
         children.append(child)
     url, ca_file = f"https://127.0.0.1:{port}", certs / "apiserver.crt"
     # The self-signed serving certificate is written before the port opens; the file also holds its CA.
-    wait_until(child, lambda: ca_file.exists() and answers(f"{url}/readyz", verify=tls(ca_file), token=token))
+    wait_until(child, lambda: _ready(url, ca_file, token))
     kubeconfig = write_kubeconfig(workdir, url=url, ca_file=ca_file, token=token)
     return KubeApi(
         url=url, token=token, ca_file=ca_file, kubeconfig=kubeconfig, audit_log=workdir / "audit.log"
     )
+
+
+def _ready(url: str, ca_file: Path, token: str) -> bool:
+    """The API server answers /readyz over TLS verified by its certificate file, once that file is whole (it
+    exists a moment before its certificate is in it: loading it then raised `NO_CERTIFICATE_OR_CRL_FOUND`
+    and failed every test of the session at its setup)."""
+    if not ca_file.exists():
+        return False
+    try:
+        context = tls(ca_file)
+    except ssl.SSLError:
+        return False
+    return answers(f"{url}/readyz", verify=context, token=token)
 
 
 def tls(ca_file: Path) -> ssl.SSLContext:
